@@ -1,0 +1,252 @@
+"""The functional API: :func:`expectation`, :func:`kl_divergence`, :func:`explain`."""
+
+from __future__ import annotations
+
+import contextlib
+import numbers
+from typing import Callable
+
+import torch
+from torch.distributions import Distribution
+
+from .estimators import chunked_value, collapsed_value, direct_value, fused_value, statistics
+from .estimators.sampling import default_chunk, samples, stream_for
+from .families import GenericForm, distribution_parameters, family_of
+from .integrands import trace
+from .noise import resolve_seed
+from .tuples import Plan, Tier, classify
+
+_VALIDATE = True
+
+
+def set_validate_args(value: bool) -> None:
+    """Switch the finiteness check of distribution parameters (one host sync per call) on or off."""
+    global _VALIDATE
+    _VALIDATE = bool(value)
+
+
+def _check_num_samples(num_samples) -> int:
+    if isinstance(num_samples, bool) or not isinstance(num_samples, numbers.Integral):
+        raise TypeError(f"num_samples must be an int, got {type(num_samples).__name__} ({num_samples!r})")
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    return int(num_samples)
+
+
+def _check_chunk(chunk_size, form, num_samples: int) -> int:
+    if chunk_size is None:
+        return default_chunk(form, num_samples)
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+    return int(chunk_size)
+
+
+def _check_finite(dist: Distribution, argname: str) -> None:
+    if not _VALIDATE:
+        return
+    for name, value in distribution_parameters(dist).items():
+        if value.is_floating_point() and not bool(torch.isfinite(value.detach()).all()):
+            raise ValueError(f"{argname}: parameter {name.replace('dist', argname, 1)} has non-finite values "
+                             f"(shape {tuple(value.shape)})")
+
+
+def _example(form, seed: int) -> torch.Tensor:
+    """One real sample (no grad) for tracing: the first sample of the stream."""
+    with torch.no_grad():
+        return samples(form, stream_for(form, seed, 1).rows(0, 1))[0]
+
+
+def plan_for(fn: Callable, dist: Distribution, *, seed: int = 0, method: str = "auto",
+             taylor_order: int | None = None) -> Plan:
+    """Trace ``fn`` under ``dist`` and classify it (no Monte Carlo work)."""
+    form = family_of(dist)
+    traced = trace(fn, _example(form, seed))
+    return classify(form, traced, method, taylor_order)
+
+
+def explain(fn: Callable, dist: Distribution, *, method: str = "auto", taylor_order: int | None = None) -> Plan:
+    """How :func:`expectation` would compute ``E_{w~dist}[fn(w)]``.
+
+    Returns the frozen :class:`~mcgraph.tuples.Plan`; its ``str()`` lists, per term,
+    the tier, the parameterization tuple (G, n, t) in words, d_P, and why a term
+    is not collapsible.
+
+    Example:
+        >>> import torch, mcgraph as mg
+        >>> q = torch.distributions.Normal(torch.zeros(3), torch.ones(3))
+        >>> print(mg.explain(lambda w: (w - 1) ** 3, q).tiers)
+        (<Tier.COLLAPSED: 'collapsed'>,)
+    """
+    return plan_for(fn, dist, method=method, taylor_order=taylor_order)
+
+
+def evaluate(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size: int) -> torch.Tensor:
+    """Run a plan: the sum over pieces of chain(Σ term values)."""
+    form, traced = plan.form, plan.trace
+    if traced.constant is not None:
+        return traced.constant
+    whole = plan.whole
+    if whole is not None:
+        if whole.tier == Tier.DIRECT:
+            return direct_value(form, fn, seed, num_samples)
+        return chunked_value(form, fn, seed, num_samples, chunk_size)
+
+    stats = {}
+    collapsed = [t for t in plan.terms if t.tier == Tier.COLLAPSED]
+    if collapsed:
+        keys = set().union(*(t.stat_keys for t in collapsed))
+        stats = statistics(form, keys, seed, num_samples, chunk_size, any(t.exact for t in collapsed))
+    piece_values: dict[int, torch.Tensor] = {}
+    for term in plan.terms:
+        if term.tier == Tier.COLLAPSED:
+            v = collapsed_value(form, term, stats)
+        else:
+            shape = _node_shape(form, term.node)
+            v = fused_value(form, term.node, shape, seed, num_samples, chunk_size)
+        piece_values[term.piece] = v if term.piece not in piece_values else piece_values[term.piece] + v
+    out = None
+    for i, piece in enumerate(traced.expr.pieces):
+        v = piece.apply_chain(piece_values[i])
+        out = v if out is None else out + v
+    if tuple(out.shape) != tuple(traced.out_shape):
+        out = out.broadcast_to(traced.out_shape)
+    return out
+
+
+def _node_shape(form, node) -> torch.Size:
+    shapes = [c.shape for c in node.constants() if isinstance(c, torch.Tensor)]
+    return torch.broadcast_shapes(form.shape, *shapes)
+
+
+def expectation(fn: Callable, dist: Distribution, num_samples: int, *, seed: int | None = None,
+                method: str = "auto", chunk_size: int | None = None,
+                taylor_order: int | None = None) -> torch.Tensor:
+    """Monte Carlo estimate of ``E_{w~dist}[fn(w)]`` whose graph does not grow with M.
+
+    .. math::
+        \\hat E = \\frac1M \\sum_{i=1}^M fn(w_i), \\qquad w_i = W(\\theta, \\xi_i)
+
+    ``fn`` is traced once and split into terms; each term is computed by the
+    collapsed, fused or chunked tier (see :func:`explain`). For a given ``seed``
+    every method consumes the same noise ξ and returns the same value and
+    gradients up to float rounding.
+
+    Args:
+        fn: maps a tensor shaped like ``dist.sample()`` to a tensor. Elementwise
+            ``fn`` gives an elementwise expectation; a reducing ``fn`` the reduced one.
+        dist: a ``torch.distributions.Distribution`` (registered family, or with ``rsample``).
+        num_samples: M ≥ 1.
+        seed: noise seed; ``None`` draws one from torch's global generator.
+        method: ``"auto"`` | ``"collapsed"`` | ``"collapsed-exact"`` | ``"fused"`` |
+            ``"chunked"`` | ``"direct"``. ``"collapsed-exact"`` draws the statistics from
+            their exact joint law (Gaussian noise, degree ≤ 2): same distribution as the
+            estimator, not the same numbers, O(P) for any M. ``"direct"`` is the naive graph.
+        chunk_size: samples per chunk (memory O(chunk_size · P)); default: one noise block.
+        taylor_order: opt-in Taylor approximation of non-collapsible terms (paper §4.1).
+
+    Returns:
+        A tensor of ``fn``'s output shape, differentiable w.r.t. every tensor ``dist``
+        and ``fn`` depend on.
+
+    Raises:
+        TypeError / ValueError: bad ``num_samples``, ``seed``, ``chunk_size``, ``method``,
+            non-finite parameters, or ``fn`` failing on a sample.
+        NotImplementedError: ``dist`` has no registered family and no ``rsample``.
+
+    Example:
+        >>> import torch, mcgraph as mg
+        >>> mu = torch.zeros(4, requires_grad=True)
+        >>> q = torch.distributions.Normal(mu, torch.ones(4))
+        >>> e = mg.expectation(lambda w: w ** 2, q, num_samples=10_000, seed=0)
+        >>> bool(((e - 1).abs() < 0.1).all())
+        True
+    """
+    num_samples = _check_num_samples(num_samples)
+    form = family_of(dist)
+    _check_finite(dist, "dist")
+    seed = resolve_seed(seed)
+    chunk = _check_chunk(chunk_size, form, num_samples)
+    traced = trace(fn, _example(form, seed))
+    plan = classify(form, traced, method, taylor_order)
+    return evaluate(plan, fn, seed, num_samples, chunk)
+
+
+@contextlib.contextmanager
+def _no_validation(dist: Distribution):
+    """Evaluate ``dist.log_prob`` without per-call validation (its support is checked once on a sample)."""
+    old = dist.__dict__.get("_validate_args", None)
+    dist._validate_args = False
+    try:
+        yield
+    finally:
+        if old is None:
+            del dist._validate_args
+        else:
+            dist._validate_args = old
+
+
+def _sum_rightmost(x: torch.Tensor, n: int) -> torch.Tensor:
+    return x.sum(tuple(range(-n, 0))) if n > 0 else x
+
+
+def kl_divergence(q: Distribution, p: Distribution, num_samples: int, *, seed: int | None = None,
+                  method: str = "auto", chunk_size: int | None = None,
+                  taylor_order: int | None = None) -> torch.Tensor:
+    """Monte Carlo estimate of KL(q ‖ p) with torch's shape semantics (``q.batch_shape``).
+
+    .. math::
+        KL(q\\|p) = -H(q) - E_q[\\log p(w)]
+
+    The entropy H(q) is taken in closed form where ``q.entropy()`` exists; otherwise
+    ``E_q[log q(w)]`` is estimated by the engine with the same noise. ``E_q[log p(w)]``
+    is estimated by :func:`expectation` (collapsed/fused/chunked per term).
+
+    An improper prior (``mcgraph.distributions.LogUniform``) is accepted: its density
+    is defined up to an additive constant, so the KL is too (the constant is dropped).
+
+    Args:
+        q: the approximate posterior (registered family or ``rsample``).
+        p: the prior, any distribution with ``log_prob`` whose shape broadcasts with q's samples.
+        num_samples, seed, method, chunk_size, taylor_order: as in :func:`expectation`.
+
+    Returns:
+        Tensor of shape ``q.batch_shape`` (broadcast with p's batch shape).
+
+    Example:
+        >>> import torch, mcgraph as mg
+        >>> q = torch.distributions.Normal(torch.zeros(3), torch.ones(3))
+        >>> p = mg.distributions.ScaleMixtureNormal(pi=0.5, scale1=1.0, scale2=1e-3)
+        >>> mg.kl_divergence(q, p, num_samples=1000, seed=0).shape
+        torch.Size([3])
+    """
+    if not isinstance(q, Distribution):
+        raise TypeError(f"q must be a torch.distributions.Distribution, got {type(q).__name__}")
+    if not isinstance(p, Distribution):
+        raise TypeError(f"p must be a torch.distributions.Distribution, got {type(p).__name__}")
+    q_shape = q.batch_shape + q.event_shape
+    p_shape = p.batch_shape + p.event_shape
+    try:
+        torch.broadcast_shapes(q_shape, p_shape)
+    except RuntimeError as e:
+        raise ValueError(f"p: shape {tuple(p_shape)} (batch {tuple(p.batch_shape)} + event "
+                         f"{tuple(p.event_shape)}) does not broadcast with q's sample shape {tuple(q_shape)}") from e
+    extra = len(q.event_shape) - len(p.event_shape)
+    if extra < 0:
+        raise ValueError(f"p: event_shape {tuple(p.event_shape)} has more dimensions than q.event_shape "
+                         f"{tuple(q.event_shape)}; the KL per q batch element is undefined")
+    _check_finite(p, "p")
+    seed = resolve_seed(seed)
+
+    def log_p(w):
+        return _sum_rightmost(p.log_prob(w), extra)
+
+    with _no_validation(p):
+        cross = expectation(log_p, q, num_samples, seed=seed,
+                            method=method, chunk_size=chunk_size, taylor_order=taylor_order)
+        try:
+            neg_entropy = -q.entropy()
+        except NotImplementedError:
+            neg_entropy = expectation(q.log_prob, q, num_samples, seed=seed, method="auto"
+                                      if method in ("collapsed", "collapsed-exact", "fused") else method,
+                                      chunk_size=chunk_size)
+    return neg_entropy - cross

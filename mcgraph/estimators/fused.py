@@ -1,0 +1,111 @@
+"""Fused tier: sample, evaluate and reduce value *and* gradients in one pass.
+
+For an elementwise ``h`` and ``w_i = T(u_i)``, ``u_i = loc + scale·ξ_i``, the
+estimate ``y = (1/M) Σ_i h(w_i; c)`` (c: tensors ``h`` closes over) has the
+per-element derivatives
+
+.. math::
+    \\frac{\\partial y}{\\partial\\,loc} = \\frac1M\\sum_i \\tilde h'(u_i), \\quad
+    \\frac{\\partial y}{\\partial\\,scale} = \\frac1M\\sum_i \\tilde h'(u_i)\\,\\xi_i, \\quad
+    \\frac{\\partial y}{\\partial c} = \\frac1M\\sum_i \\partial_c h(w_i; c),
+
+with ``h̃ = h ∘ T``. The forward pass accumulates ``y`` and these means chunk by
+chunk (each chunk's ``h̃'`` by a local autograd call on chunk-sized tensors),
+so the Function saves O(P) tensors whatever M is. VJP (backward): for an
+upstream gradient ``g`` of y's shape, ``grad_x = sum_to_size(g · ∂y/∂x, x.shape)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from ..families import SamplingForm
+from ..integrands import Node
+from .sampling import stream_for
+
+
+@dataclass(frozen=True, eq=False)
+class FusedSpec:
+    """Non-tensor arguments of :class:`FusedElementwiseMC`."""
+
+    form: SamplingForm
+    node: Node
+    captured: tuple  # the tensors of ``node`` that need grad, in input order
+    seed: int
+    num_samples: int
+    chunk_size: int
+    out_shape: torch.Size
+
+
+class FusedElementwiseMC(torch.autograd.Function):
+    """``y = mean_i h(T(loc + scale·ξ_i))`` with gradients accumulated in the forward pass.
+
+    Inputs: ``spec`` (:class:`FusedSpec`), ``loc`` (broadcastable to the sample shape,
+    or ``None`` for a scaling form), ``scale`` (same), ``*captured`` (each broadcastable to
+    ``spec.out_shape``). Output: shape ``spec.out_shape``.
+    """
+
+    @staticmethod
+    def forward(ctx, spec: FusedSpec, loc, scale, *captured):
+        form = spec.form
+        out_shape = tuple(spec.out_shape)
+        want = [loc is not None and loc.requires_grad, scale.requires_grad] + [c.requires_grad for c in captured]
+        dtype = form.dtype
+        value = torch.zeros(out_shape, dtype=dtype, device=form.device)
+        acc = [torch.zeros(out_shape, dtype=dtype, device=form.device) if w else None for w in want]
+        loc_d = loc.detach() if loc is not None else None
+        scale_d = scale.detach()
+        stream = stream_for(form, spec.seed, spec.num_samples)
+        for _, _, xi in stream.chunks(spec.chunk_size):
+            n = xi.shape[0]
+            full = (n,) + out_shape
+            with torch.enable_grad():
+                u = form.base(xi, loc_d, scale_d).expand(full)
+                u_leaf = u.detach().requires_grad_(any(want[:2]))
+                c_leaves = [c.detach().expand(out_shape).requires_grad_(w) if w else c.detach()
+                            for c, w in zip(captured, want[2:])]
+                subs = {id(c): leaf for c, leaf in zip(spec.captured, c_leaves)}
+                h = spec.node(form.apply_transforms(u_leaf), subs).expand(full)
+                inputs = ([u_leaf] if any(want[:2]) else []) + [leaf for leaf, w in zip(c_leaves, want[2:]) if w]
+                grads = list(torch.autograd.grad(h, inputs, torch.ones_like(h))) if inputs else []
+            value += h.detach().sum(0)
+            if any(want[:2]):
+                gu = grads.pop(0)
+                if want[0]:
+                    acc[0] += gu.sum(0)
+                if want[1]:
+                    acc[1] += (gu * xi.expand(full) if xi.shape != full else gu * xi).sum(0)
+            for k, w in enumerate(want[2:]):
+                if w:
+                    acc[2 + k] += grads.pop(0).sum(0)
+        m = spec.num_samples
+        derivs = [a / m if a is not None else None for a in acc]
+        ctx.input_shapes = [None if t is None else t.shape for t in (loc, scale, *captured)]
+        ctx.present = [d is not None for d in derivs]
+        ctx.save_for_backward(*[d for d in derivs if d is not None])
+        return value / m
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        saved = iter(ctx.saved_tensors)
+        grads = []
+        for present, shape in zip(ctx.present, ctx.input_shapes):
+            if present:
+                grads.append((grad_out * next(saved)).sum_to_size(shape))
+            else:
+                grads.append(None)
+        return (None, *grads)
+
+
+def fused_value(form: SamplingForm, node: Node, out_shape, seed: int, num_samples: int,
+                chunk_size: int) -> torch.Tensor:
+    """E[h(w)] by the fused Function (autograd-connected to loc, scale and h's tensors)."""
+    from ..integrands import captured_tensors
+
+    captured = captured_tensors(node)
+    spec = FusedSpec(form, node, captured, seed, num_samples, chunk_size, torch.Size(out_shape))
+    return FusedElementwiseMC.apply(spec, form.loc, form.scale, *captured)

@@ -1,0 +1,32 @@
+"""The seeded sample stream shared by every estimator (the same-noise contract)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..families import GenericForm, SamplingForm
+from ..noise import BlockStream, rows_per_block
+
+
+def sample_numel(form) -> int:
+    return max(1, math.prod(form.noise_shape if isinstance(form, SamplingForm) else form.shape))
+
+
+def stream_for(form, seed: int, num_samples: int) -> BlockStream:
+    """Rows of ξ for a :class:`SamplingForm`, rows of w (``rsample``) for a :class:`GenericForm`."""
+    draw = form.draw_noise if isinstance(form, SamplingForm) else form.draw
+    return BlockStream(draw, num_samples, rows_per_block(sample_numel(form), num_samples), seed, form.device)
+
+
+def default_chunk(form, num_samples: int) -> int:
+    """The default chunk: one noise block."""
+    return rows_per_block(sample_numel(form), num_samples)
+
+
+def samples(form, rows: torch.Tensor) -> torch.Tensor:
+    """w for stream rows: ``T(loc + scale·ξ)`` or the rsample rows themselves."""
+    if isinstance(form, GenericForm):
+        return rows
+    return form.sample(rows)

@@ -1,0 +1,673 @@
+"""Tracing an integrand ``g`` into terms the classifier can reason about.
+
+``trace(fn, example)`` calls ``fn`` once on a :class:`Traced` tensor: a tensor
+subclass that carries a real example value (so shapes, dtypes and
+``torch.distributions`` code work unchanged) and a symbolic expression built
+by ``__torch_function__``. The expression of the result is a sum of *pieces*
+
+.. math::
+    g(w) = \\sum_p L_p\\Big(\\sum_{(a,b)} c_{p,a,b} \\odot w^a (\\log w)^b
+                             + \\sum_r h_{p,r}(w)\\Big)
+
+where each ``L_p`` is a chain of linear maps (``sum``, ``mean``, ``reshape``,
+scaling, …) applied after the expectation, each monomial ``w^a (log w)^b`` is a
+candidate for the collapsed tier, and each ``h`` is an *elementwise program*
+(a recorded tree of elementwise torch calls) for the fused tier. Anything else
+(a reduction followed by a non-linear op, data-dependent Python control flow)
+makes the whole integrand *opaque*, and it is evaluated by the chunked tier.
+
+New elementwise operations are one registration: :func:`register_integrand`
+names a torch function as elementwise (or gives it a symbolic rule).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+Monomial = tuple[int, int]  # (a, b): w**a * log(w)**b
+Coef = Any  # python number or Tensor
+
+
+class OpaqueIntegrand(Exception):
+    """Raised inside tracing when ``fn`` leaves the traceable fragment."""
+
+
+# --------------------------------------------------------------------------- program nodes
+
+
+class Node:
+    """A node of an elementwise program, evaluated as ``node(w, subs)``."""
+
+    def __call__(self, w: torch.Tensor, subs: dict[int, torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def constants(self):
+        return ()
+
+
+@dataclass(eq=False)
+class Var(Node):
+    def __call__(self, w, subs):
+        return w
+
+    def __str__(self):
+        return "w"
+
+
+def _sub(value, subs):
+    if isinstance(value, torch.Tensor):
+        return subs.get(id(value), value)
+    return value
+
+
+@dataclass(eq=False)
+class PolyNode(Node):
+    poly: dict
+
+    def __call__(self, w, subs):
+        out = None
+        logw = None
+        for (a, b), c in self.poly.items():
+            term = w.pow(a) if a not in (0, 1) else (w if a == 1 else None)
+            if b:
+                logw = w.log() if logw is None else logw
+                lt = logw if b == 1 else logw.pow(b)
+                term = lt if term is None else term * lt
+            c = _sub(c, subs)
+            term = c if term is None else c * term
+            out = term if out is None else out + term
+        return out if out is not None else torch.zeros_like(w)
+
+    def constants(self):
+        return tuple(self.poly.values())
+
+    def __str__(self):
+        return format_poly(self.poly)
+
+
+@dataclass(eq=False)
+class Call(Node):
+    func: Callable
+    args: tuple
+    kwargs: dict
+
+    def __call__(self, w, subs):
+        def ev(x):
+            if isinstance(x, Node):
+                return x(w, subs)
+            return _sub(x, subs)
+
+        return self.func(*tree_map(ev, self.args), **tree_map(ev, self.kwargs))
+
+    def constants(self):
+        leaves, _ = tree_flatten((self.args, self.kwargs))
+        out = []
+        for x in leaves:
+            out.extend(x.constants() if isinstance(x, Node) else [x])
+        return tuple(out)
+
+    def __str__(self):
+        inner = ", ".join(str(a) if isinstance(a, Node) else _short(a) for a in self.args)
+        return f"{_func_name(self.func)}({inner})"
+
+
+@dataclass(eq=False)
+class SumNode(Node):
+    parts: tuple
+
+    def __call__(self, w, subs):
+        out = self.parts[0](w, subs)
+        for p in self.parts[1:]:
+            out = out + p(w, subs)
+        return out
+
+    def constants(self):
+        return tuple(c for p in self.parts for c in p.constants())
+
+    def __str__(self):
+        return " + ".join(str(p) for p in self.parts)
+
+
+def _short(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return "c" if x.numel() != 1 else f"{x.detach().reshape(()).item():.3g}"
+    return repr(x)
+
+
+def _func_name(func) -> str:
+    return getattr(func, "__name__", str(func)).strip("_")
+
+
+def format_monomial(m: Monomial) -> str:
+    a, b = m
+    parts = []
+    if a:
+        parts.append("w" if a == 1 else f"w^{a}")
+    if b:
+        parts.append("log w" if b == 1 else f"(log w)^{b}")
+    return "·".join(parts) or "1"
+
+
+def format_poly(poly: dict) -> str:
+    return " + ".join(f"c·{format_monomial(m)}" if m != (0, 0) else "c" for m in sorted(poly)) or "0"
+
+
+def captured_tensors(node: Node) -> tuple[torch.Tensor, ...]:
+    """Tensors a program closes over that require grad, deduplicated, in a fixed order."""
+    seen, out = set(), []
+    for c in node.constants():
+        if isinstance(c, torch.Tensor) and c.requires_grad and id(c) not in seen:
+            seen.add(id(c))
+            out.append(c)
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------- expressions
+
+
+@dataclass
+class Elementwise:
+    """``Σ c_m ⊙ m(w) + Σ programs(w)``: an elementwise function of w."""
+
+    poly: dict = field(default_factory=dict)
+    programs: tuple = ()
+
+    def node(self) -> Node:
+        parts = ([PolyNode(dict(self.poly))] if self.poly else []) + list(self.programs)
+        if not parts:
+            return PolyNode({(0, 0): 0.0})
+        return parts[0] if len(parts) == 1 else SumNode(tuple(parts))
+
+    def is_poly(self) -> bool:
+        return not self.programs
+
+
+@dataclass
+class Piece:
+    """``chain(E)``: an elementwise expression followed by linear maps applied after E."""
+
+    expr: Elementwise
+    chain: tuple = ()  # callables x -> linear map of x
+
+    def apply_chain(self, x: torch.Tensor) -> torch.Tensor:
+        for f in self.chain:
+            x = f(x)
+        return x
+
+
+@dataclass
+class Expr:
+    """Sum of pieces. ``elementwise`` when it is one piece with no chain."""
+
+    pieces: tuple
+
+    @property
+    def elementwise(self) -> Elementwise | None:
+        if len(self.pieces) == 1 and not self.pieces[0].chain:
+            return self.pieces[0].expr
+        return None
+
+    @staticmethod
+    def of(e: Elementwise) -> "Expr":
+        return Expr((Piece(e),))
+
+
+VAR = Expr.of(Elementwise({(1, 0): 1.0}))
+
+
+def const_expr(c) -> Expr:
+    return Expr.of(Elementwise({(0, 0): c}))
+
+
+# --------------------------------------------------------------------------- polynomial algebra
+
+
+def _add_poly(p: dict, q: dict) -> dict:
+    out = dict(p)
+    for m, c in q.items():
+        out[m] = out[m] + c if m in out else c
+    return out
+
+
+def _scale_poly(p: dict, c) -> dict:
+    return {m: v * c for m, v in p.items()}
+
+
+def _mul_poly(p: dict, q: dict) -> dict:
+    out: dict = {}
+    for (a1, b1), c1 in p.items():
+        for (a2, b2), c2 in q.items():
+            m = (a1 + a2, b1 + b2)
+            v = c1 * c2
+            out[m] = out[m] + v if m in out else v
+    return out
+
+
+def _is_int(x) -> bool:
+    if isinstance(x, bool):
+        return False
+    if isinstance(x, int):
+        return True
+    if isinstance(x, float):
+        return x.is_integer()
+    return False
+
+
+def _positive_const(c) -> bool:
+    if isinstance(c, (int, float)):
+        return c > 0
+    if isinstance(c, torch.Tensor):
+        return bool((c.detach() > 0).all())
+    return False
+
+
+def _scalar_int(c):
+    """``c`` as a python int when it is an integral scalar constant without grad, else None."""
+    if _is_int(c):
+        return int(c)
+    if isinstance(c, torch.Tensor) and not c.requires_grad:
+        vals = c.detach().unique() if c.numel() > 1 else c.detach().reshape(-1)
+        if vals.numel() == 1 and float(vals[0]).is_integer():
+            return int(vals[0])
+    return None
+
+
+# --------------------------------------------------------------------------- operation registry
+
+
+ELEMENTWISE_OPS: set[str] = {
+    "abs", "absolute", "sign", "sgn", "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sqrt", "rsqrt",
+    "square", "reciprocal", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "tanh",
+    "asinh", "acosh", "atanh", "sigmoid", "logsigmoid", "softplus", "relu", "elu", "gelu", "silu", "lgamma",
+    "digamma", "erf", "erfc", "erfinv", "logit", "clamp", "clip", "clamp_min", "clamp_max", "where",
+    "maximum", "minimum", "fmax", "fmin", "logaddexp", "logaddexp2", "xlogy", "xlog1py", "pow", "float_power",
+    "add", "sub", "subtract", "mul", "multiply", "div", "divide", "true_divide", "neg", "negative", "rsub",
+    "radd", "rmul", "rtruediv", "truediv", "rpow", "lt", "le", "gt", "ge", "eq", "ne", "less", "greater",
+    "less_equal", "greater_equal", "not_equal", "logical_and", "logical_or", "logical_not", "isfinite",
+    "isnan", "isinf", "nan_to_num", "heaviside", "floor", "ceil", "round", "trunc", "frac", "type_as",
+    "special_xlog1py", "special_entr", "entr", "log_ndtr", "special_log_ndtr", "ndtr", "special_ndtr",
+    "i0", "special_i0e", "special_i1e", "polygamma", "mvlgamma", "hypot", "copysign", "fmod", "remainder",
+    "float", "double", "to",
+}
+
+LINEAR_OPS: set[str] = {
+    "sum", "mean", "reshape", "view", "view_as", "flatten", "unflatten", "unsqueeze", "squeeze", "expand",
+    "expand_as", "broadcast_to", "getitem", "permute", "transpose", "t", "movedim", "moveaxis", "narrow",
+    "select", "sum_to_size", "diagonal", "swapaxes", "swapdims", "mT", "T", "flip", "roll", "repeat",
+    "tile", "contiguous", "clone", "nansum",
+}
+
+IDENTITY_OPS: set[str] = {"contiguous", "clone", "as_tensor", "detach"}
+
+ESCAPES: set[str] = {"bool", "item", "tolist", "float_", "int", "index", "numpy", "nonzero", "any", "all"}
+
+METADATA: set[str] = {
+    "shape", "size", "dim", "ndim", "ndimension", "numel", "dtype", "device", "requires_grad", "is_floating_point",
+    "is_complex", "layout", "len", "stride", "is_contiguous", "data_ptr", "element_size", "nelement",
+    "is_cuda", "names", "get_device", "storage_offset", "grad_fn", "is_leaf", "grad", "format", "repr",
+    "is_sparse", "is_quantized", "is_meta", "is_nested", "untyped_storage", "_version", "output_nr",
+}
+
+_RULES: dict[str, Callable] = {}
+
+
+def register_integrand(name: str, rule: Callable | None = None):
+    """Register a torch function (by name) as elementwise, or give it a symbolic rule.
+
+    ``register_integrand("my_op")`` declares ``torch.my_op`` elementwise, so a
+    term using it goes to the fused tier. ``register_integrand("my_op", rule)``
+    (or as a decorator) installs ``rule(func, args, kwargs) -> Expr | None``;
+    returning ``None`` falls back to the elementwise treatment.
+    """
+    if rule is None:
+        ELEMENTWISE_OPS.add(name)
+
+        def decorator(r):
+            _RULES[name] = r
+            return r
+
+        return decorator
+    ELEMENTWISE_OPS.add(name)
+    _RULES[name] = rule
+    return rule
+
+
+def _normalise_name(func) -> str:
+    name = getattr(func, "__name__", "")
+    if name in ("__get__", "__set__"):  # property access on Tensor
+        owner = getattr(func, "__self__", None)
+        name = getattr(owner, "__name__", "") or name
+    if name.startswith("__") and name.endswith("__"):
+        name = name[2:-2]
+        if name in ("float", "int", "index", "bool"):
+            return {"float": "float_", "int": "int", "index": "index", "bool": "bool"}[name]
+    return name.rstrip("_") if not name.startswith("_") else name
+
+
+# --------------------------------------------------------------------------- the traced tensor
+
+
+class Traced(torch.Tensor):
+    """A tensor carrying a real example value and the symbolic expression of how it depends on w."""
+
+    _expr: Expr
+
+    @staticmethod
+    def __new__(cls, real: torch.Tensor, expr: Expr):
+        t = torch.Tensor._make_subclass(cls, real.detach(), False)
+        t._expr = expr
+        return t
+
+    def __repr__(self, *, tensor_contents=None):  # noqa: D105
+        return f"Traced(shape={tuple(self.shape)})"
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = _normalise_name(func)
+        with torch._C.DisableTorchFunctionSubclass():
+            if name in METADATA or name.startswith("_"):
+                return func(*tree_map(_real, args), **tree_map(_real, kwargs))
+        if name in ESCAPES:
+            raise OpaqueIntegrand(f"`{name}` converts a traced value to Python (data-dependent control flow)")
+        if name.endswith("_") or kwargs.get("out") is not None:
+            raise OpaqueIntegrand(f"in-place op `{name}` on the integrand's argument")
+        with torch._C.DisableTorchFunctionSubclass(), torch.no_grad():
+            real = func(*tree_map(_real, args), **tree_map(_real, kwargs))
+        if not isinstance(real, torch.Tensor):
+            if isinstance(real, (tuple, list)) and any(isinstance(r, torch.Tensor) for r in real):
+                raise OpaqueIntegrand(f"`{name}` returns several tensors")
+            return real
+        expr = _symbolic(name, func, args, kwargs, real)
+        return Traced(real, expr)
+
+
+def _real(x):
+    if isinstance(x, Traced):
+        with torch._C.DisableTorchFunctionSubclass():
+            return x.as_subclass(torch.Tensor)
+    return x
+
+
+def _expr_of(x) -> Expr | None:
+    return x._expr if isinstance(x, Traced) else None
+
+
+def _symbolic(name: str, func, args, kwargs, real: torch.Tensor) -> Expr:
+    if name in _RULES:
+        out = _RULES[name](func, args, kwargs)
+        if out is not None:
+            return out
+    if name in IDENTITY_OPS or (name in ("to", "float", "double", "type_as") and _same_dtype(args, real)):
+        return _expr_of(args[0]) if isinstance(args[0], Traced) else _as_expr(args[0])
+    if name in ("add", "radd", "sub", "subtract", "rsub") and len(args) == 2 and "alpha" not in kwargs:
+        a, b = args
+        if name == "rsub":
+            a, b = b, a
+        if name in ("sub", "subtract", "rsub"):
+            return _add(_as_expr(a), _neg(_as_expr(b)), real)
+        return _add(_as_expr(a), _as_expr(b), real)
+    if name in ("neg", "negative") and len(args) == 1:
+        return _neg(_as_expr(args[0]))
+    if name in ("mul", "multiply", "rmul") and len(args) == 2:
+        return _mul(args[0], args[1], func, kwargs, real)
+    if name in ("div", "divide", "true_divide", "truediv", "rtruediv") and len(args) == 2 and not kwargs:
+        a, b = (args[1], args[0]) if name == "rtruediv" else args
+        return _div(a, b, func, real)
+    if name in ("pow", "rpow") and len(args) == 2 and not kwargs:
+        base, exponent = (args[1], args[0]) if name == "rpow" else args
+        return _pow(base, exponent, real)
+    if name == "square" and len(args) == 1:
+        return _pow(args[0], 2, real)
+    if name == "reciprocal" and len(args) == 1:
+        return _div(1.0, args[0], torch.div, real)
+    if name == "log" and len(args) == 1 and not kwargs:
+        return _log(args[0], real)
+    if name == "xlogy" and len(args) == 2 and not isinstance(args[1], (int, float)) and not kwargs:
+        c, x = args
+        if not isinstance(c, Traced):
+            return _mul(c, Traced(_real(x).log(), _log(x, _real(x))), torch.mul, {}, real)
+    if name == "exp" and len(args) == 1 and not kwargs:
+        return _exp(args[0], real)
+    if name in LINEAR_OPS:
+        return _linear(func, args, kwargs, real)
+    if name in ELEMENTWISE_OPS:
+        return _elementwise_call(func, args, kwargs)
+    raise OpaqueIntegrand(f"`{name}` is neither elementwise nor linear")
+
+
+def _same_dtype(args, real) -> bool:
+    return isinstance(args[0], torch.Tensor) and args[0].dtype == real.dtype
+
+
+def _as_expr(x) -> Expr:
+    if isinstance(x, Traced):
+        return x._expr
+    return const_expr(x)
+
+
+def _shape_of(x) -> tuple:
+    return tuple(x.shape) if isinstance(x, torch.Tensor) else ()
+
+
+def _add(a: Expr, b: Expr, real) -> Expr:
+    ea, eb = a.elementwise, b.elementwise
+    if ea is not None and eb is not None:
+        return Expr.of(Elementwise(_add_poly(ea.poly, eb.poly), ea.programs + eb.programs))
+    return Expr(_pieces_at(a, real) + _pieces_at(b, real))
+
+
+def _pieces_at(e: Expr, real) -> tuple:
+    """Pieces of ``e``; an elementwise piece joining a sum with reduced pieces is broadcast first."""
+    if e.elementwise is None:
+        return e.pieces
+    shape = tuple(real.shape)
+    return (Piece(e.pieces[0].expr, (lambda x, s=shape: x.broadcast_to(s) if tuple(x.shape) != s else x,)),)
+
+
+def _neg(a: Expr) -> Expr:
+    e = a.elementwise
+    if e is not None:
+        return Expr.of(Elementwise(_scale_poly(e.poly, -1.0), tuple(Call(torch.neg, (p,), {}) for p in e.programs)))
+    return Expr(tuple(Piece(p.expr, p.chain + (torch.neg,)) for p in a.pieces))
+
+
+def _scale_expr(e: Expr, c, real, divide: bool = False) -> Expr:
+    """``c * e`` (or ``e / c``) for a constant ``c``."""
+    op = torch.div if divide else torch.mul
+    el = e.elementwise
+    if el is not None:
+        poly = {m: (v / c if divide else v * c) for m, v in el.poly.items()}
+        return Expr.of(Elementwise(poly, tuple(Call(op, (p, c), {}) for p in el.programs)))
+    shape = tuple(real.shape)
+    return Expr(tuple(Piece(p.expr, p.chain + (lambda x, c=c, s=shape: op(x, c).broadcast_to(s),))
+                      for p in e.pieces))
+
+
+def _mul(a, b, func, kwargs, real) -> Expr:
+    if kwargs:
+        return _elementwise_call(func, (a, b), kwargs)
+    ta, tb = isinstance(a, Traced), isinstance(b, Traced)
+    if ta and tb:
+        ea, eb = a._expr.elementwise, b._expr.elementwise
+        if ea is None or eb is None:
+            raise OpaqueIntegrand("product of a reduced term with another term")
+        if ea.is_poly() and eb.is_poly():
+            return Expr.of(Elementwise(_mul_poly(ea.poly, eb.poly)))
+        return Expr.of(Elementwise({}, (Call(torch.mul, (ea.node(), eb.node()), {}),)))
+    if ta:
+        return _scale_expr(a._expr, b, real)
+    return _scale_expr(b._expr, a, real)
+
+
+def _div(a, b, func, real) -> Expr:
+    if isinstance(b, Traced):
+        eb = b._expr.elementwise
+        if eb is None:
+            raise OpaqueIntegrand("division by a reduced term")
+        if eb.is_poly() and len(eb.poly) == 1:
+            ((pa, pb), c), = eb.poly.items()
+            if pb == 0:
+                inv = Expr.of(Elementwise({(-pa, 0): 1.0 / c if isinstance(c, (int, float)) else c.reciprocal()}))
+                if isinstance(a, Traced):
+                    return _mul(a, Traced(torch.ones(()), inv), torch.mul, {}, real)
+                return _scale_expr(inv, a, real)
+        return _elementwise_call(func, (a, b), {})
+    return _scale_expr(a._expr, b, real, divide=True)
+
+
+def _pow(base, exponent, real) -> Expr:
+    if isinstance(exponent, Traced) or not isinstance(base, Traced):
+        return _elementwise_call(torch.pow, (base, exponent), {})
+    e = base._expr.elementwise
+    if e is None:
+        raise OpaqueIntegrand("power of a reduced term")
+    k = _scalar_int(exponent)
+    if e.is_poly() and k is not None:
+        if k >= 0:
+            out = {(0, 0): 1.0}
+            for _ in range(k):
+                out = _mul_poly(out, e.poly)
+            return Expr.of(Elementwise(out))
+        if len(e.poly) == 1:
+            ((a, b), c), = e.poly.items()
+            if b == 0:
+                return Expr.of(Elementwise({(a * k, 0): c ** k}))
+    return _elementwise_call(torch.pow, (base, exponent), {})
+
+
+def _log(x, real) -> Expr:
+    e = x._expr.elementwise if isinstance(x, Traced) else None
+    if e is None:
+        if isinstance(x, Traced):
+            raise OpaqueIntegrand("log of a reduced term")
+        return const_expr(torch.log(x))
+    if e.is_poly() and len(e.poly) == 1:
+        ((a, b), c), = e.poly.items()
+        if b == 0 and _positive_const(c):
+            logc = math.log(c) if isinstance(c, (int, float)) else torch.log(c)
+            if a == 0:
+                return const_expr(logc)
+            return Expr.of(Elementwise({(0, 1): float(a), (0, 0): logc}))
+    return _elementwise_call(torch.log, (x,), {})
+
+
+def _exp(x, real) -> Expr:
+    e = x._expr.elementwise
+    if e is None:
+        raise OpaqueIntegrand("exp of a reduced term")
+    if e.is_poly() and set(e.poly) <= {(0, 1), (0, 0)}:
+        k = _scalar_int(e.poly.get((0, 1), 0))
+        if k is not None:
+            c0 = e.poly.get((0, 0), 0.0)
+            c = math.exp(c0) if isinstance(c0, (int, float)) else torch.exp(c0)
+            return Expr.of(Elementwise({(k, 0): c}))
+    return _elementwise_call(torch.exp, (x,), {})
+
+
+def _linear(func, args, kwargs, real) -> Expr:
+    traced = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, Traced)]
+    if len(traced) != 1 or not (isinstance(args[0], Traced)):
+        raise OpaqueIntegrand(f"`{_func_name(func)}` with the traced value in an unexpected position")
+    src = args[0]
+    rest, kw = args[1:], kwargs
+
+    def step(x, func=func, rest=rest, kw=kw):
+        return func(x, *rest, **kw)
+
+    pieces = _pieces_at(src._expr, _real(src))
+    return Expr(tuple(Piece(p.expr, p.chain + (step,)) for p in pieces))
+
+
+def _elementwise_call(func, args, kwargs) -> Expr:
+    def to_node(x):
+        if isinstance(x, Traced):
+            e = x._expr.elementwise
+            if e is None:
+                raise OpaqueIntegrand(f"elementwise `{_func_name(func)}` applied to a reduced term")
+            return e.node()
+        return x
+
+    node = Call(func, tree_map(to_node, tuple(args)), tree_map(to_node, dict(kwargs)))
+    return Expr.of(Elementwise({}, (node,)))
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+@dataclass(frozen=True)
+class TraceResult:
+    """What tracing found.
+
+    Attributes:
+        expr: the symbolic expression, or ``None`` when the integrand is opaque.
+        out_shape: shape of ``fn(w)`` for one sample.
+        reason: why the integrand is opaque (when it is).
+    """
+
+    expr: Expr | None
+    out_shape: torch.Size
+    reason: str = ""
+    constant: torch.Tensor | None = None
+
+    @property
+    def opaque(self) -> bool:
+        return self.expr is None and self.constant is None
+
+
+@contextlib.contextmanager
+def _validation_on_real_values():
+    """Distributions validate the real example value, not the traced one (no data-dependent branch)."""
+    from torch.distributions import Distribution
+
+    original = Distribution._validate_sample
+
+    def validate(self, value):
+        return original(self, _real(value))
+
+    Distribution._validate_sample = validate
+    try:
+        yield
+    finally:
+        Distribution._validate_sample = original
+
+
+def trace(fn: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor) -> TraceResult:
+    """Trace ``fn`` on a real ``example`` sample; see the module docstring.
+
+    Raises:
+        TypeError: ``fn`` is not callable or does not return a tensor.
+        ValueError: ``fn`` fails on a sample of the right shape.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    w = Traced(example, VAR)
+    try:
+        with _validation_on_real_values():
+            out = fn(w)
+    except OpaqueIntegrand as e:
+        with torch.no_grad():
+            real_out = fn(example)
+        return TraceResult(None, _out_shape(real_out), str(e))
+    except (RuntimeError, IndexError) as e:
+        raise ValueError(f"fn failed on a sample of shape {tuple(example.shape)}: {e}") from e
+    if isinstance(out, Traced):
+        return TraceResult(out._expr, torch.Size(out.shape))
+    if isinstance(out, torch.Tensor):
+        return TraceResult(None, out.shape, "fn does not depend on w", constant=out)
+    if isinstance(out, (int, float)):
+        t = torch.as_tensor(out, dtype=example.dtype)
+        return TraceResult(None, t.shape, "fn does not depend on w", constant=t)
+    raise TypeError(f"fn must return a tensor, got {type(out).__name__}")
+
+
+def _out_shape(out) -> torch.Size:
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"fn must return a tensor, got {type(out).__name__}")
+    return out.shape
