@@ -154,8 +154,18 @@ def format_monomial(m: Monomial) -> str:
     return "·".join(parts) or "1"
 
 
+def _format_coef(c, m: Monomial) -> str:
+    mono = format_monomial(m)
+    if isinstance(c, (int, float)):
+        if m == (0, 0):
+            return f"{c:g}"
+        return mono if c == 1 else (f"-{mono}" if c == -1 else f"{c:g}·{mono}")
+    return "c" if m == (0, 0) else f"c·{mono}"
+
+
 def format_poly(poly: dict) -> str:
-    return " + ".join(f"c·{format_monomial(m)}" if m != (0, 0) else "c" for m in sorted(poly)) or "0"
+    """The polynomial in words; tensor coefficients are shown as ``c``."""
+    return " + ".join(_format_coef(poly[m], m) for m in sorted(poly)) or "0"
 
 
 def captured_tensors(node: Node) -> tuple[torch.Tensor, ...]:

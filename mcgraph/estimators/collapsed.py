@@ -46,7 +46,7 @@ def base_moment(form: SamplingForm, a: int, b: int, stats: dict) -> torch.Tensor
         log_theta = theta.log() if b else None
         for j in range(b + 1):
             coef = math.comb(b, j) * (log_theta ** (b - j) if b - j else 1)
-            out = out + coef * stats[(a, j)]
+            out = out + coef * (stats[(a, j)] if (a, j) != (0, 0) else 1.0)
         return theta ** a * out if a else out
     mu, sigma = form.loc, form.scale
     out = 0
