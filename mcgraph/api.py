@@ -33,9 +33,9 @@ def _check_num_samples(num_samples) -> int:
     return int(num_samples)
 
 
-def _check_chunk(chunk_size, form, num_samples: int) -> int:
+def _check_chunk(chunk_size) -> int | None:
     if chunk_size is None:
-        return default_chunk(form, num_samples)
+        return None
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
     return int(chunk_size)
@@ -80,29 +80,33 @@ def explain(fn: Callable, dist: Distribution, *, method: str = "auto", taylor_or
     return plan_for(fn, dist, method=method, taylor_order=taylor_order)
 
 
-def evaluate(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size: int) -> torch.Tensor:
-    """Run a plan: the sum over pieces of chain(Σ term values)."""
+def evaluate(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size: int | None) -> torch.Tensor:
+    """Run a plan: the sum over pieces of chain(Σ term values). ``chunk_size=None``: each tier's default."""
     form, traced = plan.form, plan.trace
+
+    def chunk(tier: str) -> int:
+        return chunk_size if chunk_size is not None else default_chunk(form, num_samples, tier)
+
     if traced.constant is not None:
         return traced.constant
     whole = plan.whole
     if whole is not None:
         if whole.tier == Tier.DIRECT:
             return direct_value(form, fn, seed, num_samples)
-        return chunked_value(form, fn, seed, num_samples, chunk_size)
+        return chunked_value(form, fn, seed, num_samples, chunk("chunked"))
 
     stats = {}
     collapsed = [t for t in plan.terms if t.tier == Tier.COLLAPSED]
     if collapsed:
         keys = set().union(*(t.stat_keys for t in collapsed))
-        stats = statistics(form, keys, seed, num_samples, chunk_size, any(t.exact for t in collapsed))
+        stats = statistics(form, keys, seed, num_samples, chunk("collapsed"), any(t.exact for t in collapsed))
     piece_values: dict[int, torch.Tensor] = {}
     for term in plan.terms:
         if term.tier == Tier.COLLAPSED:
             v = collapsed_value(form, term, stats)
         else:
             shape = _node_shape(form, term.node)
-            v = fused_value(form, term.node, shape, seed, num_samples, chunk_size)
+            v = fused_value(form, term.node, shape, seed, num_samples, chunk("fused"))
         piece_values[term.piece] = v if term.piece not in piece_values else piece_values[term.piece] + v
     out = None
     for i, piece in enumerate(traced.expr.pieces):
@@ -141,7 +145,8 @@ def expectation(fn: Callable, dist: Distribution, num_samples: int, *, seed: int
             ``"chunked"`` | ``"direct"``. ``"collapsed-exact"`` draws the statistics from
             their exact joint law (Gaussian noise, degree ≤ 2): same distribution as the
             estimator, not the same numbers, O(P) for any M. ``"direct"`` is the naive graph.
-        chunk_size: samples per chunk (memory O(chunk_size · P)); default: one noise block.
+        chunk_size: samples per chunk (memory O(chunk_size · P)); default: one noise block for
+            the statistics, about 2^20 elements for the fused and chunked tiers.
         taylor_order: opt-in Taylor approximation of non-collapsible terms (paper §4.1).
 
     Returns:
@@ -165,7 +170,7 @@ def expectation(fn: Callable, dist: Distribution, num_samples: int, *, seed: int
     form = family_of(dist)
     _check_finite(dist, "dist")
     seed = resolve_seed(seed)
-    chunk = _check_chunk(chunk_size, form, num_samples)
+    chunk = _check_chunk(chunk_size)
     traced = trace(fn, _example(form, seed))
     plan = classify(form, traced, method, taylor_order)
     return evaluate(plan, fn, seed, num_samples, chunk)

@@ -57,9 +57,10 @@ def graph_size(tensor_or_callable) -> GraphSize:
     """Autograd nodes that require grad and bytes saved for backward (deduplicated by storage).
 
     Args:
-        tensor_or_callable: a tensor (its graph is walked), or a zero-argument callable
-            returning a tensor (or a tuple of tensors), run under saved-tensor hooks so
-            that every tensor autograd saves while it runs is counted.
+        tensor_or_callable: a tensor, or a zero-argument callable returning a tensor (or a
+            tuple of tensors). The graph behind the output(s) is walked: every node is
+            counted once, and every tensor a node saves for backward (built-in nodes'
+            ``_saved_*`` fields, custom Functions' ``saved_tensors``) once per storage.
 
     Example:
         >>> import torch, mcgraph as mg
@@ -72,24 +73,17 @@ def graph_size(tensor_or_callable) -> GraphSize:
     """
     if isinstance(tensor_or_callable, torch.Tensor):
         outs = (tensor_or_callable,)
-        saved: dict = {}
-        for node in _walk([tensor_or_callable.grad_fn]):
-            for t in _saved_of(node):
-                saved[_storage_key(t)] = t.untyped_storage().nbytes()
-        nodes = sum(1 for _ in _walk([tensor_or_callable.grad_fn]))
-        return GraphSize(nodes, sum(saved.values()))
-    if not callable(tensor_or_callable):
-        raise TypeError(f"tensor_or_callable must be a tensor or a callable, got {type(tensor_or_callable).__name__}")
-    saved = {}
-
-    def pack(t):
-        saved[_storage_key(t)] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    elif callable(tensor_or_callable):
         result = tensor_or_callable()
-    outs = result if isinstance(result, (tuple, list)) else (result,)
-    if not all(isinstance(o, torch.Tensor) for o in outs):
-        raise TypeError("tensor_or_callable must return a tensor or a tuple of tensors")
-    nodes = sum(1 for _ in _walk([o.grad_fn for o in outs]))
+        outs = tuple(result) if isinstance(result, (tuple, list)) else (result,)
+        if not all(isinstance(o, torch.Tensor) for o in outs):
+            raise TypeError("tensor_or_callable must return a tensor or a tuple of tensors")
+    else:
+        raise TypeError(f"tensor_or_callable must be a tensor or a callable, got {type(tensor_or_callable).__name__}")
+    saved: dict = {}
+    nodes = 0
+    for node in _walk([o.grad_fn for o in outs]):
+        nodes += 1
+        for t in _saved_of(node):
+            saved[_storage_key(t)] = t.untyped_storage().nbytes()
     return GraphSize(nodes, sum(saved.values()))

@@ -92,9 +92,9 @@ class SamplingForm:
     def device(self) -> torch.device:
         return self.scale.device
 
-    def draw_noise(self, n: int) -> torch.Tensor:
+    def draw_noise(self, n: int, out: torch.Tensor | None = None) -> torch.Tensor:
         """n draws of ξ, shape ``(n, *noise_shape)`` (global RNG: call inside ``seeded``)."""
-        return self.noise.sample((n,) + tuple(self.noise_shape), self.dtype, self.device)
+        return self.noise.sample((n,) + tuple(self.noise_shape), self.dtype, self.device, out=out)
 
     def base(self, xi: torch.Tensor, loc=None, scale=None) -> torch.Tensor:
         """``u = loc + scale · ξ`` (or ``scale · ξ``), optionally with substitute parameters."""

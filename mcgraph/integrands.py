@@ -564,7 +564,10 @@ def _log(x, real) -> Expr:
             logc = math.log(c) if isinstance(c, (int, float)) else torch.log(c)
             if a == 0:
                 return const_expr(logc)
-            return Expr.of(Elementwise({(0, 1): float(a), (0, 0): logc}))
+            poly = {(0, 1): float(a)}
+            if not (isinstance(logc, float) and logc == 0.0):
+                poly[(0, 0)] = logc
+            return Expr.of(Elementwise(poly))
     return _elementwise_call(torch.log, (x,), {})
 
 

@@ -35,6 +35,7 @@ def statistics(form: SamplingForm, keys: set, seed: int, num_samples: int, chunk
     if exact:
         return exact_gaussian_statistics(tuple(form.noise_shape), num_samples, seed, form.dtype, form.device)
     stream = stream_for(form, seed, num_samples)
+    stream.owns_rows = True
     return noise_statistics(stream, tuple(sorted(keys)), chunk_size, form.dtype)
 
 

@@ -40,6 +40,14 @@ class FusedSpec:
     out_shape: torch.Size
 
 
+def _row_sum(x: torch.Tensor) -> torch.Tensor:
+    """``x.sum(0)`` as one matrix-vector product (several times faster on CPU for many rows)."""
+    if x.shape[0] == 1:
+        return x[0]
+    flat = x.reshape(x.shape[0], -1)
+    return (torch.ones(x.shape[0], dtype=x.dtype, device=x.device) @ flat).reshape(x.shape[1:])
+
+
 class FusedElementwiseMC(torch.autograd.Function):
     """``y = mean_i h(T(loc + scale·ξ_i))`` with gradients accumulated in the forward pass.
 
@@ -71,16 +79,16 @@ class FusedElementwiseMC(torch.autograd.Function):
                 h = spec.node(form.apply_transforms(u_leaf), subs).expand(full)
                 inputs = ([u_leaf] if any(want[:2]) else []) + [leaf for leaf, w in zip(c_leaves, want[2:]) if w]
                 grads = list(torch.autograd.grad(h, inputs, torch.ones_like(h))) if inputs else []
-            value += h.detach().sum(0)
+            value += _row_sum(h.detach())
             if any(want[:2]):
                 gu = grads.pop(0)
                 if want[0]:
-                    acc[0] += gu.sum(0)
+                    acc[0] += _row_sum(gu)
                 if want[1]:
-                    acc[1] += (gu * xi.expand(full) if xi.shape != full else gu * xi).sum(0)
+                    acc[1] += _row_sum(gu.mul_(xi))
             for k, w in enumerate(want[2:]):
                 if w:
-                    acc[2 + k] += grads.pop(0).sum(0)
+                    acc[2 + k] += grads.pop(0)  # already summed over the chunk's rows by autograd
         m = spec.num_samples
         derivs = [a / m if a is not None else None for a in acc]
         ctx.input_shapes = [None if t is None else t.shape for t in (loc, scale, *captured)]

@@ -20,9 +20,16 @@ def stream_for(form, seed: int, num_samples: int) -> BlockStream:
     return BlockStream(draw, num_samples, rows_per_block(sample_numel(form), num_samples), seed, form.device)
 
 
-def default_chunk(form, num_samples: int) -> int:
-    """The default chunk: one noise block."""
-    return rows_per_block(sample_numel(form), num_samples)
+#: Elements per chunk for tiers that build per-chunk autograd graphs (fused, chunked):
+#: small enough for the chunk's temporaries to stay near cache, large enough to amortise overhead.
+GRAPH_CHUNK_ELEMENTS = 1 << 20
+
+
+def default_chunk(form, num_samples: int, tier: str = "collapsed") -> int:
+    """Default samples per chunk: one noise block for statistics, ~1 Mi elements for graph-building tiers."""
+    if tier == "collapsed":
+        return rows_per_block(sample_numel(form), num_samples)
+    return max(1, min(num_samples, GRAPH_CHUNK_ELEMENTS // sample_numel(form)))
 
 
 def samples(form, rows: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,32 @@
+"""Bayesian layers, ``bayesify``, many-sample likelihood, prediction and the ELBO.
+
+>>> import torch, mcgraph as mg
+>>> bnn = mg.nn.bayesify(mg.models.get_model("lenet5"), posterior="radial", prior="normal", kl_samples=1000)
+>>> x, y = torch.zeros(4, 1, 28, 28), torch.tensor([0, 1, 2, 3])
+>>> loss = -mg.nn.elbo(bnn, x, y, num_samples=4, dataset_size=60_000, seed=0)   # KL via mg.nn.kl(bnn)
+>>> loss.backward()
+
+Layers return only their output; the KL is collected by :func:`kl`. Noise is
+functional (fresh per forward, seeded inside sample runs), never kept in buffers.
+"""
+
+from .context import SampleRun, bayesian_modules, sample_run
+from .convert import bayesify, freeze, frozen, kl, set_mode, unfreeze
+from .elbo import (KL_SCHEDULES, BlundellKL, ConstantKL, ELBOTerms, KLSchedule, LinearWarmupKL, WholeNetworkMC,
+                   elbo, elbo_terms, expected_data_term, kl_schedule)
+from .layers import (BayesConv, BayesConv1d, BayesConv2d, BayesConv3d, BayesConvTranspose, BayesConvTranspose1d,
+                     BayesConvTranspose2d, BayesConvTranspose3d, BayesLayer, BayesLinear, SampleMode)
+from .likelihood import (LIKELIHOODS, SoftmaxCrossEntropyMC, expected_log_likelihood, log_likelihood,
+                         softmax_cross_entropy_mc)
+from .predict import Prediction, can_vectorize, forward_samples, predict
+from .priors import POSTERIORS, PRIORS, make_prior, register_posterior, register_prior
+
+__all__ = [
+    "BayesConv", "BayesConv1d", "BayesConv2d", "BayesConv3d", "BayesConvTranspose", "BayesConvTranspose1d",
+    "BayesConvTranspose2d", "BayesConvTranspose3d", "BayesLayer", "BayesLinear", "BlundellKL", "ConstantKL",
+    "ELBOTerms", "KLSchedule", "KL_SCHEDULES", "LIKELIHOODS", "LinearWarmupKL", "POSTERIORS", "PRIORS",
+    "Prediction", "SampleMode", "SampleRun", "SoftmaxCrossEntropyMC", "WholeNetworkMC", "bayesian_modules",
+    "bayesify", "can_vectorize", "elbo", "elbo_terms", "expected_data_term", "expected_log_likelihood",
+    "forward_samples", "freeze", "frozen", "kl", "kl_schedule", "log_likelihood", "make_prior", "predict",
+    "register_posterior", "register_prior", "sample_run", "set_mode", "softmax_cross_entropy_mc", "unfreeze",
+]

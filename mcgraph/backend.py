@@ -1,0 +1,239 @@
+"""The one module that decides between the torch and the Triton backend.
+
+* CUDA tensor and Triton importable → ``"triton"``: compiled kernels that draw
+  the noise in registers (:mod:`mcgraph.kernels`).
+* Anything else → ``"torch"``: the pure-torch engine (chunked noise blocks).
+* The environment variable ``MCGRAPH_BACKEND`` (``torch`` | ``triton`` | ``auto``,
+  read at every call, never at import) overrides: ``triton`` on CPU tensors runs
+  the kernels in Triton's interpreter, which needs ``TRITON_INTERPRET=1`` set
+  before :mod:`mcgraph.kernels` is first imported (tests do this).
+
+Importing this module (or :mod:`mcgraph`) imports neither Triton nor the
+kernels and touches no GPU; :func:`triton_available` only looks for the
+package. The Triton backend has its own noise stream (Philox, see
+:mod:`mcgraph.kernels.noise_laws`); within a backend every method consumes the
+same noise for a given seed. The engine reaches the kernels only through the
+functions below, each of which returns ``None`` when the torch path should run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from enum import Enum
+
+import torch
+
+#: The environment variable that overrides the automatic choice.
+ENV_VAR = "MCGRAPH_BACKEND"
+
+
+class Backend(str, Enum):
+    """Values of ``MCGRAPH_BACKEND``."""
+
+    #: Always the pure-torch engine.
+    TORCH = "torch"
+    #: Always the Triton kernels (CPU tensors: interpreter, ``TRITON_INTERPRET=1``).
+    TRITON = "triton"
+    #: Triton for CUDA tensors when Triton is installed, torch otherwise (the default).
+    AUTO = "auto"
+
+
+_TRITON_FOUND: bool | None = None
+
+
+def triton_available() -> bool:
+    """Whether the ``triton`` package can be imported (looked up, not imported)."""
+    global _TRITON_FOUND
+    if _TRITON_FOUND is None:
+        _TRITON_FOUND = importlib.util.find_spec("triton") is not None
+    return _TRITON_FOUND
+
+
+def requested_backend() -> Backend:
+    """``MCGRAPH_BACKEND`` as a :class:`Backend` (``auto`` when unset); read now, not cached."""
+    raw = os.environ.get(ENV_VAR, "").strip().lower() or Backend.AUTO.value
+    try:
+        return Backend(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_VAR}={os.environ.get(ENV_VAR)!r}: expected one of "
+                         f"{[b.value for b in Backend]}") from None
+
+
+def _interpreting() -> bool:
+    """Whether the kernels run (or will run, once imported) in Triton's interpreter."""
+    utils = sys.modules.get("mcgraph.kernels.utils")
+    if utils is not None:
+        return utils.INTERPRETED
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on")
+
+
+def backend_for(tensor: torch.Tensor) -> str:
+    """``"triton"`` or ``"torch"``: which backend computes with ``tensor``'s device.
+
+    Raises:
+        ValueError: ``MCGRAPH_BACKEND`` has an unknown value.
+        RuntimeError: ``MCGRAPH_BACKEND=triton`` but Triton is missing, or the tensor is on
+            CPU without Triton's interpreter, or on a device Triton does not run on.
+
+    Example:
+        >>> backend_for(torch.zeros(3))  # CPU tensor, no override
+        'torch'
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+    mode = requested_backend()
+    device = tensor.device.type
+    if mode == Backend.TORCH:
+        return "torch"
+    if mode == Backend.AUTO:
+        return "triton" if device == "cuda" and triton_available() else "torch"
+    if not triton_available():
+        raise RuntimeError(f"{ENV_VAR}=triton but the triton package is not installed")
+    if device == "cuda":
+        return "triton"
+    if device == "cpu":
+        if not _interpreting():
+            raise RuntimeError(
+                f"{ENV_VAR}=triton on CPU tensors runs Triton's interpreter: set TRITON_INTERPRET=1 in the "
+                f"environment before mcgraph.kernels is first imported (it was "
+                f"{'imported compiled' if 'mcgraph.kernels.utils' in sys.modules else 'not set'})")
+        return "triton"
+    raise RuntimeError(f"{ENV_VAR}=triton: device {tensor.device} is not supported by the Triton kernels "
+                       f"(cuda, or cpu under TRITON_INTERPRET=1)")
+
+
+def _kernels(module: str):
+    return importlib.import_module(f"mcgraph.kernels.{module}")
+
+
+# --------------------------------------------------------------------------- engine noise laws → Triton
+
+
+def triton_noise(form) -> tuple[str, int] | None:
+    """``(law name, event_ndims)`` of the Triton noise law matching ``form.noise``; ``None`` if none does.
+
+    Laws whose parameters live in a sampler closure (Gamma, inverse Gamma, Weibull,
+    Student-t noise) have no Triton counterpart: their forms keep the torch stream.
+    """
+    from . import noise as nz
+
+    law = getattr(form, "noise", None)
+    if law is None:
+        return None
+    table = {id(nz.STANDARD_NORMAL): "normal", id(nz.STANDARD_LAPLACE): "laplace",
+             id(nz.STANDARD_LOGISTIC): "logistic", id(nz.STANDARD_CAUCHY): "cauchy",
+             id(nz.STANDARD_GUMBEL): "gumbel", id(nz.STANDARD_UNIFORM): "uniform",
+             id(nz.STANDARD_EXPONENTIAL): "exponential", id(nz.STANDARD_HALF_NORMAL): "half_normal",
+             id(nz.STANDARD_HALF_CAUCHY): "half_cauchy", id(nz.STANDARD_RAYLEIGH): "rayleigh"}
+    name = table.get(id(law))
+    if name is not None:
+        return name, 0
+    if law.name.startswith("Radial"):
+        return "radial", law.event_ndims
+    return None
+
+
+def _triton_form(form) -> tuple[str, int] | None:
+    """The Triton noise of a :class:`~mcgraph.families.SamplingForm` on the Triton backend, else ``None``."""
+    from .families import SamplingForm
+
+    if not isinstance(form, SamplingForm) or backend_for(form.scale) != "triton":
+        return None
+    return triton_noise(form)
+
+
+def noise_stream(form, seed: int, num_samples: int):
+    """The Triton noise stream of ``form`` (``rows``/``chunks`` like :class:`mcgraph.noise.BlockStream`), or ``None``.
+
+    Engine hook: the first statement of ``mcgraph.estimators.sampling.stream_for``, so the
+    direct, chunked, collapsed and torch-fused estimators read the same ξ as the kernels.
+    """
+    noise = _triton_form(form)
+    if noise is None:
+        return None
+    name, event_ndims = noise
+    return _kernels("noise_laws").TritonNoiseStream(name, form.noise_shape, num_samples, seed, form.dtype,
+                                                    form.device, event_ndims=event_ndims)
+
+
+def noise_statistics(form, keys, seed: int, num_samples: int) -> dict | None:
+    """``{(a, j): mean_i ξ_i^a (log ξ_i)^j}`` (shape ``form.noise_shape``) by one Triton kernel, or ``None``.
+
+    Engine hook: ``mcgraph.estimators.collapsed.statistics`` before its chunked torch path
+    (not for ``exact``: the exact Gaussian sampler is O(P) already).
+    """
+    noise = _triton_form(form)
+    if noise is None:
+        return None
+    name, event_ndims = noise
+    return _kernels("noise_stats").noise_statistics(name, tuple(form.noise_shape), num_samples, seed,
+                                                    tuple(sorted(keys)), form.dtype, form.device,
+                                                    event_ndims=event_ndims)
+
+
+def log_prob_expectation(q, p, num_samples: int, seed: int, *, sum_rightmost: int = 0) -> torch.Tensor | None:
+    """``E_q[Σ_rightmost log p(w)]`` by the fused Triton kernel, or ``None`` when it does not apply.
+
+    Applies when ``q``'s family has a Triton noise law, its transforms are none or one
+    ``exp``, ``p`` (or its ``Independent`` base) has a registered Triton log-density
+    and ``p``'s shape broadcasts into ``q``'s. Engine hook: ``mcgraph.api.kl_divergence``
+    for the cross term, when ``method`` is ``"auto"`` or ``"fused"``.
+    """
+    from .families import family_of, is_exp
+
+    form = family_of(q)
+    noise = _triton_form(form)
+    if noise is None or tuple(form.noise_shape) != tuple(form.shape):
+        return None
+    if not form.transforms:
+        kind = "scaling" if form.is_scaling else "location_scale"
+    elif len(form.transforms) == 1 and is_exp(form.transforms[0]) and not form.is_scaling:
+        kind = "exp"
+    else:
+        return None
+    fused = _kernels("fused_elementwise")
+    base, _ = fused.unwrap_independent(p)
+    if _kernels("integrands").LOG_PROBS.lookup(type(base)) is None:
+        return None
+    if not _kernels("reference").broadcasts_to(p.batch_shape + p.event_shape, form.shape):
+        return None
+    name, event_ndims = noise
+    value = fused.fused_log_prob_expectation(p, form.loc, form.scale, kind, num_samples, seed, noise=name,
+                                             event_ndims=event_ndims, shape=form.noise_shape)
+    return value.sum(tuple(range(-sum_rightmost, 0))) if sum_rightmost > 0 else value
+
+
+def softmax_cross_entropy_mc(mean_logits: torch.Tensor, std_logits: torch.Tensor, targets: torch.Tensor,
+                             num_samples: int, seed: int | None = None,
+                             chunk_size: int | None = None) -> torch.Tensor:
+    """Expected cross-entropy of Gaussian logits ``u = mean + std·ε`` per row, on the backend of ``mean_logits``.
+
+    .. math::
+        L_b = \\frac1M \\sum_{i=1}^M \\Big[\\log\\sum_k e^{u_{ibk}} - u_{ib y_b}\\Big]
+
+    Triton: ε in registers, memory O(B·K) for any M. Torch: chunks of ``chunk_size``
+    samples, memory O(chunk·B·K). The two backends use different noise streams.
+
+    Args:
+        mean_logits: (*, K); std_logits: (*, K) or broadcastable; targets: (*) ints in [0, K).
+        num_samples: M ≥ 1; seed: ``None`` draws one from torch's global generator.
+        chunk_size: torch backend only.
+
+    Returns:
+        (*) per-row expected NLL, differentiable in ``mean_logits`` and ``std_logits``.
+
+    Example:
+        >>> m = torch.zeros(2, 3, requires_grad=True)
+        >>> softmax_cross_entropy_mc(m, torch.ones(2, 3), torch.tensor([0, 2]), 10, seed=0).shape
+        torch.Size([2])
+    """
+    from .noise import resolve_seed
+
+    seed = resolve_seed(seed)
+    if backend_for(mean_logits) == "triton":
+        return _kernels("softmax_mc").softmax_cross_entropy_mc(mean_logits, std_logits, targets, num_samples, seed)
+    return _kernels("reference").softmax_cross_entropy_mc_torch(mean_logits, std_logits, targets, num_samples,
+                                                                seed=seed, chunk_size=chunk_size)

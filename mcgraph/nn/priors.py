@@ -1,0 +1,164 @@
+"""Posterior families and priors of Bayesian layers, chosen by name or given directly.
+
+A **posterior** is a callable ``(loc, scale) -> Distribution`` over one weight
+tensor: a ``torch.distributions`` class such as ``torch.distributions.Laplace``,
+``mcgraph.distributions.Radial`` (event = the whole tensor), a
+``functools.partial(StudentT, 3.0)``, or a key of :data:`POSTERIORS`. Its
+``scale`` is ``σ = softplus(ρ)``; every family the engine registers
+(``mcgraph.FAMILIES``) gets the collapsed/fused KL tiers, any other family with
+``rsample`` the chunked one.
+
+A **prior** is a ``Distribution`` instance (scalar parameters broadcast to the
+weight shape), a factory ``like -> Distribution`` called with the weight tensor
+(so it can match device, dtype and shape), or a key of :data:`PRIORS`.
+
+Adding a named family is one registration::
+
+    @mg.nn.register_prior("wide_normal")
+    def _wide(like, scale=10.0):
+        return torch.distributions.Normal(like.new_zeros(()), like.new_tensor(scale))
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+from torch.distributions import Distribution, Laplace, LogNormal, Normal, StudentT
+
+from ..distributions import Horseshoe, Logistic, LogUniform, Radial, ScaleMixtureNormal
+
+__all__ = ["POSTERIORS", "PRIORS", "register_posterior", "register_prior", "resolve_posterior",
+           "make_prior"]
+
+PosteriorFactory = Callable[[torch.Tensor, torch.Tensor], Distribution]
+PriorFactory = Callable[..., Distribution]
+
+POSTERIORS: dict[str, PosteriorFactory] = {}
+"""Named posterior families: ``name -> (loc, scale) -> Distribution``."""
+
+PRIORS: dict[str, PriorFactory] = {}
+"""Named priors: ``name -> (like, **params) -> Distribution`` with scalar parameters."""
+
+
+def register_posterior(name: str):
+    """Register ``factory(loc, scale) -> Distribution`` under ``name`` (decorator or call)."""
+
+    def decorator(factory):
+        POSTERIORS[name] = factory
+        return factory
+
+    return decorator
+
+
+def register_prior(name: str):
+    """Register ``factory(like, **params) -> Distribution`` under ``name`` (decorator or call)."""
+
+    def decorator(factory):
+        PRIORS[name] = factory
+        return factory
+
+    return decorator
+
+
+register_posterior("normal")(Normal)
+register_posterior("gaussian")(Normal)
+register_posterior("radial")(Radial)
+register_posterior("laplace")(Laplace)
+register_posterior("lognormal")(LogNormal)
+register_posterior("logistic")(Logistic)
+
+
+def _scalar(like: torch.Tensor, value) -> torch.Tensor:
+    return torch.as_tensor(value, dtype=like.dtype, device=like.device)
+
+
+@register_prior("normal")
+def _normal_prior(like, scale: float = 1.0, loc: float = 0.0):
+    return Normal(_scalar(like, loc), _scalar(like, scale))
+
+
+@register_prior("scale_mixture")
+def _scale_mixture_prior(like, pi: float = 0.5, scale1: float = 1.0, scale2: float = math.exp(-6.0)):
+    """Blundell et al. (2015): π N(0, σ1²) + (1 − π) N(0, σ2²), defaults π = ½, −log σ1 = 0, −log σ2 = 6."""
+    return ScaleMixtureNormal(_scalar(like, pi), _scalar(like, scale1), _scalar(like, scale2))
+
+
+@register_prior("laplace")
+def _laplace_prior(like, scale: float = 1.0, loc: float = 0.0):
+    return Laplace(_scalar(like, loc), _scalar(like, scale))
+
+
+@register_prior("student_t")
+def _student_t_prior(like, df: float = 3.0, scale: float = 1.0, loc: float = 0.0):
+    return StudentT(_scalar(like, df), _scalar(like, loc), _scalar(like, scale))
+
+
+@register_prior("log_uniform")
+def _log_uniform_prior(like):
+    """The improper p(w) ∝ 1/|w| (its KL is defined up to a constant)."""
+    return LogUniform()
+
+
+@register_prior("horseshoe")
+def _horseshoe_prior(like, scale: float = 1.0, loc: float = 0.0):
+    return Horseshoe(_scalar(like, loc), _scalar(like, scale))
+
+
+def resolve_posterior(posterior) -> PosteriorFactory:
+    """A posterior factory from a name or a callable.
+
+    Raises:
+        ValueError: unknown name.
+        TypeError: neither a string nor a callable.
+    """
+    if isinstance(posterior, str):
+        try:
+            return POSTERIORS[posterior.lower()]
+        except KeyError:
+            raise ValueError(f"posterior must be one of {sorted(POSTERIORS)} or a callable "
+                             f"(loc, scale) -> Distribution, got {posterior!r}") from None
+    if isinstance(posterior, Distribution):
+        raise TypeError("posterior must be a family (a callable (loc, scale) -> Distribution such as "
+                        f"torch.distributions.Normal), not a distribution instance ({type(posterior).__name__})")
+    if not callable(posterior):
+        raise TypeError(f"posterior must be a name or a callable (loc, scale) -> Distribution, "
+                        f"got {type(posterior).__name__}")
+    return posterior
+
+
+def make_prior(prior, like: torch.Tensor) -> Distribution:
+    """The prior distribution for a parameter shaped like ``like``.
+
+    Args:
+        prior: a ``Distribution`` (returned as is), a name of :data:`PRIORS` (default
+            parameters), or a factory ``like -> Distribution``.
+        like: the parameter (device, dtype and shape to match).
+
+    Raises:
+        ValueError: unknown name, or the prior's shape does not broadcast with ``like``.
+        TypeError: a factory that does not return a ``Distribution``.
+    """
+    if isinstance(prior, Distribution):
+        dist = prior
+    elif isinstance(prior, str):
+        try:
+            factory = PRIORS[prior.lower()]
+        except KeyError:
+            raise ValueError(f"prior must be one of {sorted(PRIORS)}, a Distribution or a factory "
+                             f"like -> Distribution, got {prior!r}") from None
+        dist = factory(like)
+    elif callable(prior):
+        dist = prior(like)
+        if not isinstance(dist, Distribution):
+            raise TypeError(f"prior: the factory returned {type(dist).__name__}, expected a Distribution")
+    else:
+        raise TypeError(f"prior must be a Distribution, a name or a factory, got {type(prior).__name__}")
+    shape = dist.batch_shape + dist.event_shape
+    try:
+        torch.broadcast_shapes(shape, like.shape)
+    except RuntimeError:
+        raise ValueError(f"prior: shape {tuple(shape)} does not broadcast with the parameter shape "
+                         f"{tuple(like.shape)}") from None
+    return dist
