@@ -1,0 +1,31 @@
+# Two set-up commands, both bootstrapping a local virtual environment:
+#   make bench   — the main job: direct MC vs gradient accumulation vs mcgraph (quick KL comparison)
+#   make test    — the test suite (what CI runs)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.mcgraph-installed
+
+.PHONY: bench test test-slow bench-smoke clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# The CPU build of torch first, so that no multi-GB CUDA build is pulled in.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[test,bench]"
+	touch $(STAMP)
+
+bench: $(STAMP)
+	$(PY) -m mcgraph bench --quick
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+bench-smoke: $(STAMP)
+	$(PY) -m pytest -q bench/ --benchmark-disable
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache
