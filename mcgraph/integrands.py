@@ -165,7 +165,8 @@ def _format_coef(c, m: Monomial) -> str:
 
 def format_poly(poly: dict) -> str:
     """The polynomial in words; tensor coefficients are shown as ``c``."""
-    return " + ".join(_format_coef(poly[m], m) for m in sorted(poly)) or "0"
+    text = " + ".join(_format_coef(poly[m], m) for m in sorted(poly)) or "0"
+    return text.replace("+ -", "− ")
 
 
 def captured_tensors(node: Node) -> tuple[torch.Tensor, ...]:

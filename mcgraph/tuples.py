@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from .families import GenericForm, SamplingForm, is_exp
-from .integrands import Node, Elementwise, PolyNode, SumNode, TraceResult, captured_tensors, format_monomial
+from .integrands import Elementwise, Node, PolyNode, SumNode, TraceResult, captured_tensors, format_monomial, format_poly
 
 
 class Tier(str, enum.Enum):
@@ -257,7 +257,7 @@ def _classify_piece(form, e: Elementwise, i: int, method: str, taylor_order, exa
     leftovers = ([PolyNode(rest)] if rest else []) + programs
     out = []
     if collapsible:
-        label = " + ".join(f"c·{format_monomial(m)}" for m in sorted(e.poly) if m not in rest)
+        label = format_poly({m: c for m, c in e.poly.items() if m not in rest})
         if exact:
             _check_exact(form, keys, label)
         out.append(_collapsed_term(form, collapsible, i, keys, label, exact))
