@@ -374,3 +374,26 @@ def test_data_dependent_control_flow_goes_chunked_and_stays_correct():
     a = mg.expectation(fn, q, 20, seed=0)
     b = mg.expectation(fn, q, 20, seed=0, method="direct")
     torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("make_q,make_p,shape", [
+    (lambda: mgd.Radial(torch.zeros(3, 4, dtype=F64), torch.ones(3, 4, dtype=F64)),
+     lambda: D.Normal(t64(0.0), t64(1.0)), ()),
+    (lambda: D.Independent(D.Normal(torch.zeros(3, 4, dtype=F64), torch.ones(3, 4, dtype=F64)), 1),
+     lambda: D.Normal(t64(0.0), t64(1.0)), (3,)),
+    (lambda: D.Independent(D.Normal(torch.zeros(3, 4, dtype=F64), torch.ones(3, 4, dtype=F64)), 1),
+     lambda: D.Independent(D.Normal(torch.zeros(4, dtype=F64), torch.ones(4, dtype=F64)), 1), (3,)),
+    (lambda: D.Normal(torch.zeros(3, 4, dtype=F64), torch.ones(3, 4, dtype=F64)),
+     lambda: D.Laplace(torch.zeros(4, dtype=F64), torch.ones(4, dtype=F64)), (3, 4)),
+])
+def test_kl_follows_torch_shape_semantics(make_q, make_p, shape):
+    kl = mg.kl_divergence(make_q(), make_p(), 8, seed=0)
+    assert kl.shape == torch.Size(shape)
+    ref = mg.kl_divergence(make_q(), make_p(), 8, seed=0, method="direct")
+    torch.testing.assert_close(kl, ref, rtol=1e-9, atol=1e-9)
+
+
+def test_kl_matches_torch_closed_form_for_independent_normals():
+    q = D.Independent(D.Normal(torch.full((4000, 3), 0.2, dtype=F64), torch.full((4000, 3), 0.5, dtype=F64)), 1)
+    p = D.Independent(D.Normal(torch.zeros(3, dtype=F64), torch.ones(3, dtype=F64)), 1)
+    _z_check(mg.kl_divergence(q, p, 16, seed=2), D.kl_divergence(q, p))

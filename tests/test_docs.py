@@ -1,0 +1,18 @@
+"""The runnable examples in the public docstrings stay runnable."""
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = ["mcgraph.api", "mcgraph.diagnostics", "mcgraph.metrics", "mcgraph.distributions.radial",
+           "mcgraph.distributions.scale_mixture", "mcgraph.distributions.log_uniform",
+           "mcgraph.distributions.logistic", "mcgraph.distributions.rayleigh", "mcgraph.distributions.horseshoe",
+           "mcgraph.models.registry"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0, f"{result.failed} docstring example(s) failed in {name}"
