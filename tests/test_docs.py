@@ -15,4 +15,5 @@ MODULES = ["mcgraph.api", "mcgraph.diagnostics", "mcgraph.metrics", "mcgraph.dis
 def test_docstring_examples(name):
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0, f"{name} has no docstring example"
     assert result.failed == 0, f"{result.failed} docstring example(s) failed in {name}"
