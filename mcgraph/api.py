@@ -9,6 +9,7 @@ from typing import Callable
 import torch
 from torch.distributions import Distribution
 
+from . import backend
 from .estimators import chunked_value, collapsed_value, direct_value, fused_value, statistics
 from .estimators.sampling import default_chunk, samples, stream_for
 from .families import GenericForm, distribution_parameters, family_of
@@ -246,8 +247,12 @@ def kl_divergence(q: Distribution, p: Distribution, num_samples: int, *, seed: i
         return _sum_rightmost(p.log_prob(w), extra)
 
     with _no_validation(p):
-        cross = expectation(log_p, q, num_samples, seed=seed,
-                            method=method, chunk_size=chunk_size, taylor_order=taylor_order)
+        cross = None
+        if method in ("auto", "fused") and taylor_order is None:  # a registered Triton integrand, if any
+            cross = backend.log_prob_expectation(q, p, num_samples, seed, sum_rightmost=extra)
+        if cross is None:
+            cross = expectation(log_p, q, num_samples, seed=seed, method=method, chunk_size=chunk_size,
+                                taylor_order=taylor_order)
         try:
             neg_entropy = -q.entropy()
         except NotImplementedError:

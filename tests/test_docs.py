@@ -8,7 +8,7 @@ import pytest
 MODULES = ["mcgraph.api", "mcgraph.diagnostics", "mcgraph.metrics", "mcgraph.distributions.radial",
            "mcgraph.distributions.scale_mixture", "mcgraph.distributions.log_uniform",
            "mcgraph.distributions.logistic", "mcgraph.distributions.rayleigh", "mcgraph.distributions.horseshoe",
-           "mcgraph.models.registry"]
+           "mcgraph.models.registry", "mcgraph.backend", "mcgraph.kernels.reference"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -23,6 +23,7 @@ import math
 
 import torch
 
+from .. import backend
 from ..families import SamplingForm
 from ..noise import exact_gaussian_statistics, noise_statistics
 from ..tuples import TermPlan
@@ -34,6 +35,9 @@ def statistics(form: SamplingForm, keys: set, seed: int, num_samples: int, chunk
     """The statistics ``{(a, j): t̄_{a,j}}`` (shape ``form.noise_shape``), without autograd."""
     if exact:
         return exact_gaussian_statistics(tuple(form.noise_shape), num_samples, seed, form.dtype, form.device)
+    fused_stats = backend.noise_statistics(form, keys, seed, num_samples)
+    if fused_stats is not None:  # one Triton pass, the noise never materialised
+        return fused_stats
     stream = stream_for(form, seed, num_samples)
     stream.owns_rows = True
     return noise_statistics(stream, tuple(sorted(keys)), chunk_size, form.dtype)

@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from .. import backend
 from ..families import GenericForm, SamplingForm
 from ..noise import BlockStream, rows_per_block
 
@@ -15,7 +16,14 @@ def sample_numel(form) -> int:
 
 
 def stream_for(form, seed: int, num_samples: int) -> BlockStream:
-    """Rows of ξ for a :class:`SamplingForm`, rows of w (``rsample``) for a :class:`GenericForm`."""
+    """Rows of ξ for a :class:`SamplingForm`, rows of w (``rsample``) for a :class:`GenericForm`.
+
+    On the Triton backend (CUDA tensors, or ``MCGRAPH_BACKEND=triton``) the rows come from the
+    kernels' Philox stream instead, so that every method of that backend sees the same noise.
+    """
+    triton_stream = backend.noise_stream(form, seed, num_samples)
+    if triton_stream is not None:
+        return triton_stream
     draw = form.draw_noise if isinstance(form, SamplingForm) else form.draw
     return BlockStream(draw, num_samples, rows_per_block(sample_numel(form), num_samples), seed, form.device)
 
