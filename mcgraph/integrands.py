@@ -349,6 +349,13 @@ def register_integrand(name: str, rule: Callable | None = None):
     return rule
 
 
+def _is_in_place(raw: str) -> bool:
+    """``add_``, ``mul_``, ``__iadd__``, …: ops that mutate their first argument."""
+    if raw.startswith("__") and raw.endswith("__"):
+        return raw[2:3] == "i" and raw[2:-2] not in ("index", "int", "invert")
+    return raw.endswith("_") and not raw.startswith("_")
+
+
 def _normalise_name(func) -> str:
     name = getattr(func, "__name__", "")
     if name in ("__get__", "__set__"):  # property access on Tensor
@@ -387,8 +394,9 @@ class Traced(torch.Tensor):
                 return func(*tree_map(_real, args), **tree_map(_real, kwargs))
         if name in ESCAPES:
             raise OpaqueIntegrand(f"`{name}` converts a traced value to Python (data-dependent control flow)")
-        if name.endswith("_") or kwargs.get("out") is not None:
-            raise OpaqueIntegrand(f"in-place op `{name}` on the integrand's argument")
+        raw = getattr(func, "__name__", "")
+        if _is_in_place(raw) or kwargs.get("out") is not None:
+            raise OpaqueIntegrand(f"in-place op `{raw}` on a traced value")
         with torch._C.DisableTorchFunctionSubclass(), torch.no_grad():
             real = func(*tree_map(_real, args), **tree_map(_real, kwargs))
         if not isinstance(real, torch.Tensor):

@@ -397,3 +397,15 @@ def test_kl_matches_torch_closed_form_for_independent_normals():
     q = D.Independent(D.Normal(torch.full((4000, 3), 0.2, dtype=F64), torch.full((4000, 3), 0.5, dtype=F64)), 1)
     p = D.Independent(D.Normal(torch.zeros(3, dtype=F64), torch.ones(3, dtype=F64)), 1)
     _z_check(mg.kl_divergence(q, p, 16, seed=2), D.kl_divergence(q, p))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda w: w.clone().add_(1.0) ** 2,
+    lambda w: (lambda v: (v.__iadd__(1.0), v ** 2)[1])(w.clone()),
+])
+def test_in_place_ops_are_not_traced_but_still_correct(fn):
+    q = D.Normal(torch.zeros(3, dtype=F64), torch.ones(3, dtype=F64))
+    assert mg.explain(fn, q).tiers == (Tier.CHUNKED,)
+    a = mg.expectation(fn, q, 20, seed=0)
+    b = mg.expectation(fn, q, 20, seed=0, method="direct")
+    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
