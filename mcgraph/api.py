@@ -46,7 +46,9 @@ def _check_finite(dist: Distribution, argname: str) -> None:
     if not _VALIDATE:
         return
     for name, value in distribution_parameters(dist).items():
-        if value.is_floating_point() and not bool(torch.isfinite(value.detach()).all()):
+        # One reduction pass; a non-finite sum (NaN/inf present, or an overflow) is confirmed exactly.
+        if value.is_floating_point() and not bool(torch.isfinite(value.detach().sum())) \
+                and not bool(torch.isfinite(value.detach()).all()):
             raise ValueError(f"{argname}: parameter {name.replace('dist', argname, 1)} has non-finite values "
                              f"(shape {tuple(value.shape)})")
 

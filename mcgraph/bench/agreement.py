@@ -36,7 +36,8 @@ class Outcome:
     @classmethod
     def capture(cls, value, params: Sequence[torch.Tensor]) -> "Outcome":
         v = float(value.detach().double().sum()) if isinstance(value, torch.Tensor) else float(value)
-        return cls(v, tuple(None if p.grad is None else p.grad.detach().double().cpu().clone() for p in params))
+        # host copies in the parameters' dtype (norms are taken in float64 when compared)
+        return cls(v, tuple(None if p.grad is None else p.grad.detach().to("cpu", copy=True) for p in params))
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,8 @@ def check_equal(out: Outcome, ref: Outcome, rtol: float = 1e-4, atol: float = 1e
             return Verdict(False, f"gradient {k} has shape {tuple(g.shape)}, reference {tuple(r.shape)}")
         if not bool(torch.isfinite(g).all()):
             return Verdict(False, f"gradient {k} has non-finite entries")
-        err = float((g - r).norm()) / max(float(r.norm()), atol)
+        err = float(torch.linalg.vector_norm(g.double() - r.double())) / max(
+            float(torch.linalg.vector_norm(r, dtype=torch.float64)), atol)
         g_errs.append(err)
     if g_errs:
         worst = max(worst, *g_errs)
@@ -87,8 +89,8 @@ def _scalars(o: Outcome) -> list[tuple[str, float]]:
     out = [("value", o.value)]
     for k, g in enumerate(o.grads):
         if g is not None:
-            out.append((f"sum(grad{k})", float(g.sum())))
-            out.append((f"|grad{k}|", float(g.norm())))
+            out.append((f"sum(grad{k})", float(g.sum(dtype=torch.float64))))
+            out.append((f"|grad{k}|", float(torch.linalg.vector_norm(g, dtype=torch.float64))))
     return out
 
 

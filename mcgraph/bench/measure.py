@@ -209,7 +209,7 @@ class Probe(NamedTuple):
     """What a probe at M found: the memory (bytes, ``None`` if it ran out), and how."""
 
     memory: float | None
-    basis: str  # "measured" | "extrapolated" | "oom"
+    basis: str  # "measured" | "interpolated" | "extrapolated" | "oom"
 
 
 @dataclass(frozen=True)
@@ -263,7 +263,12 @@ def max_feasible_m(probe: Callable[[int], Probe], budget: float, m_cap: int = 2*
     def result(m: int, capped: bool) -> MaxM:
         decisive = [seen[k] for k in (m, good_hi) if k in seen]
         bases = {p.basis for p in decisive}
-        basis = "measured" if bases <= {"measured", "oom"} else "extrapolated (linear fit of measured points)"
+        if bases <= {"measured", "oom"}:
+            basis = "measured"
+        elif "extrapolated" in bases:
+            basis = "extrapolated (linear fit of the two largest measured M)"
+        else:
+            basis = "interpolated between measured M"
         return MaxM(m, capped, basis, tuple((k, p.memory, p.basis) for k, p in seen.items()))
 
     good_hi = None

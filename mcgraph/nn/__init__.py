@@ -12,13 +12,13 @@ functional (fresh per forward, seeded inside sample runs), never kept in buffers
 
 from .context import SampleRun, bayesian_modules, sample_run
 from .convert import bayesify, freeze, frozen, kl, set_mode, unfreeze
-from .elbo import (KL_SCHEDULES, BlundellKL, ConstantKL, ELBOTerms, KLSchedule, LinearWarmupKL, WholeNetworkMC,
-                   elbo, elbo_terms, expected_data_term, kl_schedule)
+from .variational import (KL_SCHEDULES, BlundellKL, ConstantKL, ELBOTerms, KLSchedule, LinearWarmupKL, WholeNetworkMC,
+                   default_chunk, elbo, elbo_terms, expected_data_term, kl_schedule)
 from .layers import (BayesConv, BayesConv1d, BayesConv2d, BayesConv3d, BayesConvTranspose, BayesConvTranspose1d,
                      BayesConvTranspose2d, BayesConvTranspose3d, BayesLayer, BayesLinear, SampleMode)
 from .likelihood import (LIKELIHOODS, SoftmaxCrossEntropyMC, expected_log_likelihood, log_likelihood,
                          softmax_cross_entropy_mc)
-from .predict import Prediction, can_vectorize, forward_samples, predict
+from .prediction import Prediction, can_vectorize, forward_samples, predict
 from .priors import POSTERIORS, PRIORS, make_prior, register_posterior, register_prior
 
 __all__ = [
@@ -26,7 +26,7 @@ __all__ = [
     "BayesConvTranspose2d", "BayesConvTranspose3d", "BayesLayer", "BayesLinear", "BlundellKL", "ConstantKL",
     "ELBOTerms", "KLSchedule", "KL_SCHEDULES", "LIKELIHOODS", "LinearWarmupKL", "POSTERIORS", "PRIORS",
     "Prediction", "SampleMode", "SampleRun", "SoftmaxCrossEntropyMC", "WholeNetworkMC", "bayesian_modules",
-    "bayesify", "can_vectorize", "elbo", "elbo_terms", "expected_data_term", "expected_log_likelihood",
+    "bayesify", "can_vectorize", "default_chunk", "elbo", "elbo_terms", "expected_data_term", "expected_log_likelihood",
     "forward_samples", "freeze", "frozen", "kl", "kl_schedule", "log_likelihood", "make_prior", "predict",
     "register_posterior", "register_prior", "sample_run", "set_mode", "softmax_cross_entropy_mc", "unfreeze",
 ]

@@ -7,7 +7,8 @@ A Bayesian layer never keeps noise in a buffer. Each forward draws fresh noise:
 * **inside a run** (:func:`sample_run`, used by :func:`~mcgraph.nn.elbo`,
   :func:`~mcgraph.nn.predict` and :func:`~mcgraph.nn.forward_samples`): sample ``i``
   of Bayesian layer ``l`` and noise kind ``k`` is row ``i`` of a seeded block stream
-  (:class:`mcgraph.noise.BlockStream`) whose seed is ``mix(mix(seed, l), k)``.
+  (:class:`mcgraph.noise.BlockStream`, blocks of :func:`block_rows` samples) whose
+  seed is ``mix(mix(seed, l), k)``.
   The rows do not depend on how the ``M`` samples are cut into chunks, so a chunked
   estimate consumes exactly the noise of the naive all-in-one-graph estimate.
 
@@ -27,9 +28,8 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from ..estimators.sampling import stream_for
 from ..families import GenericForm, SamplingForm
-from ..noise import BlockStream, mix_seed, resolve_seed, rows_per_block
+from ..noise import BlockStream, mix_seed, resolve_seed
 
 __all__ = ["NoiseKind", "SampleRun", "sample_run", "window", "current_window", "bayesian_modules"]
 
@@ -51,9 +51,39 @@ def bayesian_modules(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, BayesLayer)]
 
 
+#: Noise elements per stream block (4 MiB in float32): the most one layer's stream holds beyond its chunk.
+BLOCK_ELEMENTS = 1 << 20
+
+
+def block_rows(sample_numel: int, num_samples: int) -> int:
+    """Samples per block of a layer's noise stream (a function of the sample size and M, never of the chunk)."""
+    return max(1, min(num_samples, BLOCK_ELEMENTS // max(1, sample_numel)))
+
+
+def noise_stream(draw: Callable[[int], torch.Tensor], shape, seed: int, num_samples: int,
+                 device: torch.device) -> BlockStream:
+    """The seeded stream of rows ``draw(n) -> (n, *shape)`` (global generator, forked and reseeded per block)."""
+    numel = max(1, int(torch.Size(shape).numel()))
+    return BlockStream(draw, num_samples, block_rows(numel, num_samples), seed, device)
+
+
+def normal_draw(shape, dtype: torch.dtype, device: torch.device) -> Callable[[int], torch.Tensor]:
+    """``draw(n)``: n standard-normal rows of ``shape``."""
+    shape = tuple(shape)
+
+    def draw(n):
+        return torch.randn((n,) + shape, dtype=dtype, device=device)
+
+    return draw
+
+
 @dataclass(eq=False)
 class SampleRun:
     """The noise of ``num_samples`` whole-network samples of one model under one seed.
+
+    Streams are drawn by torch's generator (forked, reseeded per block of
+    :func:`block_rows` samples) on the layer's device, whatever backend the engine uses
+    for its own estimates; each stream keeps at most one block.
 
     Attributes:
         seed: the run's seed.
@@ -77,26 +107,28 @@ class SampleRun:
         return mix_seed(mix_seed(self.seed, position), kind)
 
     def form_rows(self, layer: nn.Module, kind: int, form, start: int, stop: int) -> torch.Tensor:
-        """Rows ``start … stop-1`` of the stream of ``form`` (ξ for a sampling form, w for a generic one)."""
+        """Rows ``start … stop-1`` of ``layer``'s stream for ``form``: ξ (sampling form) or w (generic form)."""
         seed = self.layer_seed(layer, kind)
-        if isinstance(form, GenericForm):  # rows carry the rsample graph of this call: never cached
-            return stream_for(form, seed, self.num_samples).rows(start, stop)
-        key = (seed, tuple(form.noise_shape), form.dtype, form.device)
-        stream = self._streams.get(key)
-        if stream is None:
-            stream = self._streams[key] = stream_for(form, seed, self.num_samples)
-        return stream.rows(start, stop)
+        if isinstance(form, GenericForm):  # rsample rows carry this call's graph: never cached
+            shape = form.shape
+            return noise_stream(form.draw, shape, seed, self.num_samples, form.device).rows(start, stop)
+        law, shape, dtype, device = form.noise, tuple(form.noise_shape), form.dtype, form.device
+
+        def draw(n):
+            return law.sample((n,) + shape, dtype, device)
+
+        return self._rows((seed, "form", shape, dtype, device), draw, shape, seed, device, start, stop)
 
     def raw_rows(self, layer: nn.Module, kind: int, draw: Callable[[int], torch.Tensor], shape,
                  dtype: torch.dtype, device: torch.device, start: int, stop: int) -> torch.Tensor:
-        """Rows of a stream drawn by ``draw(n) -> (n, *shape)`` (activation noise, signs)."""
+        """Rows of ``layer``'s stream drawn by ``draw(n) -> (n, *shape)`` (activation noise, signs)."""
         seed = self.layer_seed(layer, kind)
-        key = (seed, tuple(shape), dtype, device)
+        return self._rows((seed, "raw", tuple(shape), dtype, device), draw, shape, seed, device, start, stop)
+
+    def _rows(self, key, draw, shape, seed, device, start, stop):
         stream = self._streams.get(key)
         if stream is None:
-            numel = max(1, int(torch.Size(shape).numel()))
-            stream = self._streams[key] = BlockStream(draw, self.num_samples,
-                                                      rows_per_block(numel, self.num_samples), seed, device)
+            stream = self._streams[key] = noise_stream(draw, shape, seed, self.num_samples, device)
         return stream.rows(start, stop)
 
 
@@ -128,6 +160,16 @@ def sample_run(model: nn.Module, num_samples: int, seed: int | None = None) -> S
         model: the network; its Bayesian layers are numbered in ``model.modules()`` order.
         num_samples: M ≥ 1.
         seed: non-negative int, or ``None`` to draw one from torch's global generator.
+
+    Example:
+        >>> import torch, mcgraph as mg
+        >>> from mcgraph.nn.context import sample_run, window
+        >>> layer = mg.nn.BayesLinear(4, 2)
+        >>> run = sample_run(layer, num_samples=8, seed=0)
+        >>> with window(run, 2, 5):                   # samples 2, 3, 4: the batch repeated 3 times
+        ...     out = layer(torch.ones(1, 4).repeat(3, 1))
+        >>> torch.allclose(out, mg.nn.forward_samples(layer, torch.ones(1, 4), 8, seed=0)[2:5, 0])
+        True
     """
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")

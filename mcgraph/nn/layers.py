@@ -45,7 +45,7 @@ from torch.nn.modules.utils import _ntuple, _reverse_repeat_tuple
 from ..api import kl_divergence
 from ..families import GenericForm, SamplingForm, family_of
 from ..noise import mix_seed, resolve_seed
-from .context import NoiseKind, current_capture, current_window, form_noise_global, rademacher
+from .context import NoiseKind, current_capture, current_window, form_noise_global, normal_draw, rademacher
 from .priors import make_prior, resolve_posterior
 
 __all__ = ["SampleMode", "BayesLayer", "BayesLinear", "BayesConv", "BayesConv1d", "BayesConv2d",
@@ -323,7 +323,7 @@ class BayesLayer(nn.Module):
         In ``"mean"`` mode the posterior location is used.
         """
         if self.mode == SampleMode.MEAN:
-            return self._op(x, self.weight_mu, self.bias if self.bias_mu is None else self.bias_mu)
+            return self._op(x, self.weight_mu, self._bias_mean)
         cap = current_capture()
         if cap is not None and cap.layer is self:
             return self._record(cap, x)
@@ -348,27 +348,18 @@ class BayesLayer(nn.Module):
         if cap.kind == "moments":
             cap.output, cap.variance = self.moments(x)
         else:
-            cap.output = self._op(x, self.weight_mu, self.bias if self.bias_mu is None else self.bias_mu)
+            cap.output = self._op(x, self.weight_mu, self._bias_mean)
         return cap.output
 
     def _forward_local(self, x: torch.Tensor, S: int, rows: int) -> torch.Tensor:
         # y = x μ + b + sqrt(x² σ² + σ_b²) ε,  ε ~ N(0, 1) per output element and sample
-        sigma = self.weight_sigma
-        b_mean = self.bias if self.bias_mu is None else self.bias_mu
-        b_var = None if self.bias_mu is None else self.bias_sigma ** 2
-        mean = self._op(x, self.weight_mu, b_mean)
-        var = self._op(x * x, sigma * sigma, b_var)
-        eps = self._output_noise(mean, S, rows)
-        return mean + _std(var) * eps
+        mean, var = self.moments(x)
+        return mean + _std(var) * self._output_noise(mean, rows)
 
-    def _output_noise(self, mean: torch.Tensor, S: int, rows: int) -> torch.Tensor:
+    def _output_noise(self, mean: torch.Tensor, rows: int) -> torch.Tensor:
         shape = (rows,) + tuple(mean.shape[1:])
-        dtype, device = mean.dtype, mean.device
-
-        def draw(n):
-            return torch.randn((n,) + shape, dtype=dtype, device=device)
-
-        return self._raw_rows(NoiseKind.OUTPUT, draw, shape, dtype, device).reshape(mean.shape)
+        draw = normal_draw(shape, mean.dtype, mean.device)
+        return self._raw_rows(NoiseKind.OUTPUT, draw, shape, mean.dtype, mean.device).reshape(mean.shape)
 
     def moments(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and variance of the Gaussian pre-activation (local reparameterization).
@@ -382,15 +373,17 @@ class BayesLayer(nn.Module):
         if not self.local_reparameterization:
             raise ValueError("moments() needs local_reparameterization=True")
         sigma = self.weight_sigma
-        b_mean = self.bias if self.bias_mu is None else self.bias_mu
         b_var = None if self.bias_mu is None else self.bias_sigma ** 2
-        return self._op(x, self.weight_mu, b_mean), self._op(x * x, sigma * sigma, b_var)
+        return self._op(x, self.weight_mu, self._bias_mean), self._op(x * x, sigma * sigma, b_var)
+
+    @property
+    def _bias_mean(self) -> torch.Tensor | None:
+        return self.bias if self.bias_mu is None else self.bias_mu
 
     def _forward_flipout(self, x: torch.Tensor, S: int, rows: int) -> torch.Tensor:
         # y = x μ + b + ((x ∘ s_in) ΔW_s) ∘ s_out,  ΔW_s = W_s − μ
         q = self.posterior()
-        b_mean = self.bias if self.bias_mu is None else self.bias_mu
-        mean = self._op(x, self.weight_mu, b_mean)
+        mean = self._op(x, self.weight_mu, self._bias_mean)
         delta = self._samples_of(q, NoiseKind.WEIGHT) - self.weight_mu
         dtype, device = x.dtype, x.device
         c_in, c_out = self.in_channels_, mean.shape[self._channel_axis]

@@ -13,9 +13,9 @@ so E_q[log p(y | u)] needs M samples of a ``(B, K)`` tensor, not of the network.
   :class:`SoftmaxCrossEntropyMC`, which draws the noise chunk by chunk and
   accumulates value and gradients in one pass (saved tensors O(B·K), any M). It
   is the exact Monte Carlo estimator, not a Taylor expansion.
-* **regression** — ``log N(y; u, τ²)`` is a polynomial of degree 2 in u, so
-  :func:`mcgraph.expectation` collapses it (Thm 2): one small graph in (m, s)
-  and the noise statistics mean(ε), mean(ε²).
+* **regression** — ``log N(y; u, τ²)`` is a polynomial of degree 2 in u, so it
+  collapses (Thm 2): the noise statistics mean(ε), mean(ε²) are accumulated
+  without autograd, then one small graph in (m, s) is built.
 
 Both consume the noise the last layer draws inside a sample run with the same
 seed, so the value equals the whole-network estimate of
@@ -34,9 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from ..api import expectation
-from ..noise import BlockStream, resolve_seed, rows_per_block
-from .context import NoiseKind, bayesian_modules, capture, sample_run, window
+from ..noise import BlockStream, resolve_seed
+from .context import NoiseKind, bayesian_modules, capture, noise_stream, normal_draw, sample_run, window
 from .layers import SampleMode
 
 __all__ = ["SoftmaxCrossEntropyMC", "softmax_cross_entropy_mc", "expected_log_likelihood", "log_likelihood",
@@ -84,13 +83,8 @@ def log_likelihood(likelihood, output: torch.Tensor, target: torch.Tensor, noise
 
 
 def gaussian_stream(shape, seed: int, num_samples: int, dtype: torch.dtype, device: torch.device) -> BlockStream:
-    """The block stream of standard-normal rows ``(n, *shape)`` a local-reparameterization layer draws."""
-    shape = tuple(shape)
-
-    def draw(n):
-        return torch.randn((n,) + shape, dtype=dtype, device=device)
-
-    return BlockStream(draw, num_samples, rows_per_block(max(1, math.prod(shape)), num_samples), seed, device)
+    """The stream of standard-normal rows ``(n, *shape)``: what a local-reparameterization layer draws."""
+    return noise_stream(normal_draw(shape, dtype, device), shape, seed, num_samples, device)
 
 
 @dataclass(frozen=True, eq=False)
@@ -189,6 +183,18 @@ def _check_chunk(chunk_size) -> int:
 # --------------------------------------------------------------------------- expected log-likelihood
 
 
+def _normal_statistics(stream: BlockStream, chunk_size) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean ε, mean ε²) over the stream, chunk by chunk, without autograd."""
+    chunk = stream.block if chunk_size is None else _check_chunk(chunk_size)
+    s1 = s2 = None
+    with torch.no_grad():
+        for start in range(0, stream.num_samples, chunk):
+            eps = stream.rows(start, min(start + chunk, stream.num_samples))
+            a, b = eps.sum(0), (eps * eps).sum(0)
+            s1, s2 = (a, b) if s1 is None else (s1 + a, s2 + b)
+    return s1 / stream.num_samples, s2 / stream.num_samples
+
+
 def _reduce(value: torch.Tensor, reduction: str) -> torch.Tensor:
     if reduction == "mean":
         return value.mean()
@@ -274,12 +280,11 @@ def expected_log_likelihood(model: nn.Module, x: torch.Tensor, y: torch.Tensor, 
     else:
         target = y.reshape(mean.shape).to(mean.dtype)
         tau = torch.as_tensor(noise_std, dtype=mean.dtype, device=mean.device)
-        const = torch.log(tau) + 0.5 * math.log(2 * math.pi)
-
-        def log_lik(u):
-            return -0.5 * (target - u) ** 2 / tau ** 2 - const
-
-        q = torch.distributions.Normal(mean, std, validate_args=False)
-        value = expectation(log_lik, q, num_samples, seed=seed_out, method="collapsed")
+        stream = gaussian_stream(mean.shape, seed_out, num_samples, mean.dtype, mean.device)
+        t1, t2 = _normal_statistics(stream, chunk_size)
+        r = target - mean
+        # (1/M) Σ_i (y − m − s ε_i)² = r² − 2 r s mean(ε) + s² mean(ε²)  (collapsed, Thm 2)
+        sq = r * r - 2 * r * std * t1 + std * std * t2
+        value = -0.5 * sq / tau ** 2 - torch.log(tau) - 0.5 * math.log(2 * math.pi)
         value = value.reshape(value.shape[0], -1).sum(1)
     return _reduce(value, reduction)

@@ -17,6 +17,14 @@ Adding a named family is one registration::
     @mg.nn.register_prior("wide_normal")
     def _wide(like, scale=10.0):
         return torch.distributions.Normal(like.new_zeros(()), like.new_tensor(scale))
+
+Example:
+    >>> import torch, mcgraph as mg
+    >>> w = torch.zeros(3, 2)
+    >>> mg.nn.make_prior("scale_mixture", w).batch_shape     # scalar parameters, broadcast to w
+    torch.Size([])
+    >>> sorted(mg.nn.POSTERIORS)[:3]
+    ['gaussian', 'laplace', 'logistic']
 """
 
 from __future__ import annotations
