@@ -186,6 +186,22 @@ def test_gradcheck_of_every_tier(method):
     assert torch.autograd.gradcheck(f, inputs)
 
 
+@pytest.mark.parametrize("family", ["normal", "radial", "lognormal"])
+def test_gradcheck_of_collapsed_with_prior_tensors(family):
+    mu = torch.randn(3, dtype=F64, requires_grad=True)
+    rho = torch.randn(3, dtype=F64, requires_grad=True)
+    loc = torch.tensor(0.3, dtype=F64, requires_grad=True)
+    scale = torch.tensor(1.4, dtype=F64, requires_grad=True)
+    make_q = {"normal": D.Normal, "radial": mgd.Radial, "lognormal": D.LogNormal}[family]
+    make_p = D.LogNormal if family == "lognormal" else D.Normal
+
+    def f(mu, rho, loc, scale):
+        q = make_q(mu, torch.nn.functional.softplus(rho))
+        return mg.kl_divergence(q, make_p(loc, scale), 9, seed=2, method="collapsed")
+
+    assert torch.autograd.gradcheck(f, (mu, rho, loc, scale))
+
+
 def test_gradcheck_of_the_generic_rsample_path():
     # A concentration that requires grad sends Gamma to the generic rsample path. Only the rate is
     # gradchecked: torch's implicit-reparameterisation gradient in the concentration is not the

@@ -26,7 +26,7 @@ import json
 import os
 import platform
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -45,10 +45,12 @@ class Row:
     """One benchmark point.
 
     Attributes:
-        workload: ``"kl"`` | ``"step"`` | ``"lastlayer"`` | ``"maxm"`` | ``"randn"``.
+        workload: ``"kl"`` | ``"step"`` | ``"lastlayer"``; the max-M search rows are ``"<workload>-maxm"``
+            (``M`` = the largest feasible M, ``status`` ``"≥ cap …"`` when the search cap was reached).
         model: the KL pair (``"normal-normal"``) or the architecture (``"resnet18"``).
         method: ``direct`` (per-sample loop), ``vectorised``, ``grad-accum``, ``mcgraph``
-            (auto), a forced tier, or ``randn`` (the sampling floor).
+            (auto), a forced tier, ``randn`` (the sampling floor: plain ``torch.randn`` of M·P
+            normals), or ``all`` on a workload-level ``skipped: …`` row.
         P: number of weights the expectation is over.
         M: number of Monte Carlo samples (for ``maxm`` rows: the max feasible M found).
         bytes: bytes saved for backward by the loss's autograd graph (``mg.graph_size``;
@@ -56,7 +58,8 @@ class Row:
         peak: peak memory in bytes — CUDA ``max_memory_allocated`` or the peak RSS
             (VmHWM) of a fresh subprocess that ran only this point (``--rss``).
         peak_over_base: ``peak`` minus the memory held before the point ran.
-        memory_metric: which measure ``peak`` (or, for ``maxm``, the budget check) is.
+        memory_metric: which measure ``peak`` is (empty when no peak was measured); for the
+            max-M rows, the measure compared with the budget.
         seconds: median wall time of forward + backward over ``repeats`` timed runs.
         speedup_vs_direct / speedup_vs_grad_accum: ``seconds(baseline) / seconds``
             in the same run (> 1: faster than the baseline).
@@ -87,15 +90,13 @@ class Row:
     predicted_bytes: int | None = None
     predicted_seconds: float | None = None
     note: str = ""
-    extra: dict = field(default_factory=dict, repr=False)
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
 
     def as_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in COLUMNS}
-        return d
+        return {k: getattr(self, k) for k in COLUMNS}
 
 
 def git_commit(path: str | os.PathLike | None = None) -> str:

@@ -24,6 +24,8 @@ import math
 import torch
 
 from .. import backend
+from torch.autograd.function import once_differentiable
+
 from ..families import SamplingForm
 from ..noise import exact_gaussian_statistics, noise_statistics
 from ..tuples import TermPlan
@@ -65,10 +67,137 @@ def base_moment(form: SamplingForm, a: int, b: int, stats: dict) -> torch.Tensor
     return out if isinstance(out, torch.Tensor) else torch.as_tensor(out, dtype=form.dtype, device=form.device)
 
 
+def _moments(mu, sigma, stats: dict, K: int) -> list:
+    """``[E_0, …, E_K]``, ``E_k = Σ_j C(k,j) μ^{k−j} σ^j t̄_j`` (``E_0 = 1``)."""
+    if K <= 2:  # the common case (Gaussian log-densities), in the fewest passes over P
+        t = sigma * stats[(1, 0)]
+        e1 = mu + t
+        if K == 1:
+            return [1.0, e1]
+        e2 = mu * torch.add(mu, t, alpha=2)  # μ² + 2μσt̄₁
+        return [1.0, e1, e2.addcmul_(sigma * sigma, stats[(2, 0)])]
+    out = [1.0]
+    mu_pow = [1.0, mu]
+    sigma_pow = [1.0, sigma]
+    for k in range(2, K + 1):
+        mu_pow.append(mu_pow[-1] * mu)
+        sigma_pow.append(sigma_pow[-1] * sigma)
+    for k in range(1, K + 1):
+        e = mu_pow[k]
+        for j in range(1, k + 1):
+            e = e + math.comb(k, j) * mu_pow[k - j] * sigma_pow[j] * stats[(j, 0)]
+        out.append(e)
+    return out
+
+
+class LocationScalePolynomial(torch.autograd.Function):
+    """``V = Σ_k c_k E_k`` with ``E_k = mean_i (μ + σξ_i)^k`` from the statistics t̄_j = mean_i ξ_i^j.
+
+    One graph node whatever M (and whatever K); it saves μ, σ, the K statistics and the
+    tensor coefficients. Inputs: ``degrees`` (tuple of k), ``numbers`` (python coefficients,
+    ``None`` where the coefficient is a tensor input), ``loc``, ``scale``, ``*stats``
+    (t̄_1..t̄_K, broadcastable to loc), ``*tensor_coefs``.
+
+    VJP, for an upstream gradient g (the derivative of the sample mean, term by term)::
+
+        ∂E_k/∂μ = k E_{k−1}
+        ∂E_k/∂σ = k F_{k−1},  F_m = mean_i (μ+σξ_i)^m ξ_i = Σ_j C(m,j) μ^{m−j} σ^j t̄_{j+1}
+        ∂V/∂c_k = E_k
+        grad_x = sum_to_size(g · ∂V/∂x, x.shape)
+    """
+
+    @staticmethod
+    def forward(ctx, degrees, numbers, loc, scale, *rest):
+        K = max(degrees)
+        stats = {(j, 0): t for j, t in zip(range(1, K + 1), rest[:K])}
+        tensor_coefs = rest[K:]
+        coefs = _merge_coefs(numbers, tensor_coefs)
+        E = _moments(loc, scale, stats, K)
+        value = 0
+        for k, c in zip(degrees, coefs):
+            value = value + c * E[k]
+        ctx.degrees, ctx.numbers, ctx.K = degrees, numbers, K
+        ctx.shapes = (loc.shape, scale.shape, [c.shape for c in tensor_coefs])
+        ctx.save_for_backward(loc, scale, *rest)
+        return torch.as_tensor(value, dtype=scale.dtype, device=scale.device)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        loc, scale, *rest = ctx.saved_tensors
+        K = ctx.K
+        stats = {(j, 0): t for j, t in zip(range(1, K + 1), rest[:K])}
+        tensor_coefs = rest[K:]
+        coefs = _merge_coefs(ctx.numbers, tensor_coefs)
+        need_loc, need_scale = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+        need_coefs = ctx.needs_input_grad[4 + K:]
+        E = _moments(loc, scale, stats, K) if (need_loc or any(need_coefs)) else None
+        grad_loc = grad_scale = None
+        if need_loc:
+            d = 0
+            for k, c in zip(ctx.degrees, coefs):
+                if k:
+                    d = d + (c * k) * E[k - 1]
+            grad_loc = _to_shape(g * d, ctx.shapes[0])
+        if need_scale:
+            shifted = {(j, 0): stats[(j + 1, 0)] for j in range(0, K)}
+            F = _moments_shifted(loc, scale, shifted, K - 1)
+            d = 0
+            for k, c in zip(ctx.degrees, coefs):
+                if k:
+                    d = d + (c * k) * F[k - 1]
+            grad_scale = _to_shape(g * d, ctx.shapes[1])
+        coef_grads = []
+        tensor_degrees = [k for n, k in zip(ctx.numbers, ctx.degrees) if n is None]
+        for need, k, shape in zip(need_coefs, tensor_degrees, ctx.shapes[2]):
+            coef_grads.append(_to_shape(g * E[k], shape) if need else None)
+        return (None, None, grad_loc, grad_scale, *([None] * K), *coef_grads)
+
+
+def _moments_shifted(mu, sigma, shifted: dict, K: int) -> list:
+    """``[F_0, …, F_K]``, ``F_m = Σ_j C(m,j) μ^{m−j} σ^j t̄_{j+1}`` (``shifted[(j,0)] = t̄_{j+1}``)."""
+    if K <= 1:
+        f0 = shifted[(0, 0)]
+        return [f0] if K == 0 else [f0, torch.addcmul(mu * f0, sigma, shifted[(1, 0)])]
+    out = []
+    for m in range(K + 1):
+        f = 0
+        for j in range(m + 1):
+            term = shifted[(j, 0)]
+            if j:
+                term = sigma ** j * term
+            if m - j:
+                term = math.comb(m, j) * mu ** (m - j) * term
+            f = f + term
+        out.append(f)
+    return out
+
+
+def _to_shape(x: torch.Tensor, shape) -> torch.Tensor:
+    """Reduce a broadcast gradient to ``shape`` (expanding first if it is smaller)."""
+    full = torch.broadcast_shapes(x.shape, shape)
+    return x.expand(full).sum_to_size(shape) if full != x.shape else x.sum_to_size(shape)
+
+
+def _merge_coefs(numbers, tensor_coefs) -> list:
+    it = iter(tensor_coefs)
+    return [next(it) if n is None else n for n in numbers]
+
+
 def collapsed_value(form: SamplingForm, term: TermPlan, stats: dict) -> torch.Tensor:
     """``Σ_m c_m · E[u^m]`` for a collapsed term (or its Taylor approximation)."""
     if term.approximate:
         return taylor_value(form, term, stats)
+    if not form.is_scaling:
+        degrees = tuple(a for (a, _), _ in term.monomials)
+        K = max(degrees)
+        if K == 0:
+            return _constant(term, form)
+        coefs = [c for _, c in term.monomials]
+        numbers = tuple(None if isinstance(c, torch.Tensor) else float(c) for c in coefs)
+        tensor_coefs = [c for c in coefs if isinstance(c, torch.Tensor)]
+        stat_list = [stats[(j, 0)] for j in range(1, K + 1)]
+        return LocationScalePolynomial.apply(degrees, numbers, form.loc, form.scale, *stat_list, *tensor_coefs)
     out = 0
     for (a, b), c in term.monomials:
         moment = base_moment(form, a, b, stats) if (a, b) != (0, 0) else 1.0
@@ -100,3 +229,10 @@ def taylor_value(form: SamplingForm, term: TermPlan, stats: dict) -> torch.Tenso
             sigma_power = form.scale * sigma_power
             out = out + deriv * sigma_power * stats[(k, 0)] / math.factorial(k)
     return out
+
+
+def _constant(term: TermPlan, form: SamplingForm) -> torch.Tensor:
+    out = 0
+    for _, c in term.monomials:
+        out = out + c
+    return torch.as_tensor(out, dtype=form.dtype, device=form.device) if not isinstance(out, torch.Tensor) else out
