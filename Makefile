@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 bench: $(STAMP)
-	$(PY) -m mcgraph bench --quick
+	$(PY) -m mcgraph bench --quick --out bench/out
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -31,7 +31,8 @@ from torch import nn
 from ..families import GenericForm, SamplingForm
 from ..noise import BlockStream, mix_seed, resolve_seed
 
-__all__ = ["NoiseKind", "SampleRun", "sample_run", "window", "current_window", "bayesian_modules"]
+__all__ = ["NoiseKind", "SampleRun", "Window", "Capture", "sample_run", "window", "current_window", "capture",
+           "current_capture", "bayesian_modules", "block_rows", "noise_stream", "chunks"]
 
 
 class NoiseKind:
@@ -190,16 +191,6 @@ def window(run: SampleRun, start: int, stop: int) -> Iterator[Window]:
         _WINDOW.reset(token)
 
 
-@contextlib.contextmanager
-def outside_window() -> Iterator[None]:
-    """Suspend the active window (layers draw from the global generator again)."""
-    token = _WINDOW.set(None)
-    try:
-        yield
-    finally:
-        _WINDOW.reset(token)
-
-
 def chunks(num_samples: int, chunk_size: int) -> Iterator[tuple[int, int]]:
     """``(start, stop)`` windows covering ``[0, num_samples)``."""
     for start in range(0, num_samples, chunk_size):
@@ -208,7 +199,7 @@ def chunks(num_samples: int, chunk_size: int) -> Iterator[tuple[int, int]]:
 
 def rademacher(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """±1 with equal probability (global generator)."""
-    return torch.randint(0, 2, tuple(shape), device=device).to(dtype).mul_(2).sub_(1)
+    return torch.randint(0, 2, tuple(shape), device=device).to(dtype) * 2 - 1
 
 
 def form_noise_global(form) -> torch.Tensor:
