@@ -314,7 +314,7 @@ LINEAR_OPS: set[str] = {
     "tile", "contiguous", "clone", "nansum",
 }
 
-IDENTITY_OPS: set[str] = {"contiguous", "clone", "as_tensor", "detach"}
+IDENTITY_OPS: set[str] = {"contiguous", "clone", "as_tensor"}
 
 ESCAPES: set[str] = {"bool", "item", "tolist", "float_", "int", "index", "numpy", "nonzero", "any", "all"}
 
