@@ -1,0 +1,344 @@
+"""The ELBO of a Bayesian network, with memory bounded by a chunk of samples, and KL-weight schedules.
+
+For a minibatch of B examples from a dataset of N, the per-example ELBO is
+
+.. math::
+    \\mathcal L = \\frac1B\\sum_{b=1}^B \\frac1M\\sum_{i=1}^M \\log p(y_b \\mid x_b, W_i)
+                 - \\beta\\,\\frac{KL(q\\,\\|\\,p)}{N},
+    \\qquad W_i \\sim q,
+
+with the KL summed over every weight of every Bayesian layer (:func:`mcgraph.nn.kl`)
+and β the KL weight of the step (:class:`KLSchedule`). −𝓛 is the loss to minimise;
+N·𝓛 summed over an epoch of equal batches is the dataset ELBO.
+
+The data term averages M samples of the **whole** network (every Bayesian layer
+resampled). :class:`WholeNetworkMC` evaluates it chunk by chunk: each chunk of
+``S`` samples runs as one forward on the batch repeated ``S`` times, and its
+gradient with respect to every parameter is taken and accumulated at once, so
+autograd holds one chunk's graph at a time and the Function saves O(P)
+tensors, whatever M. With the same seed the value and gradients equal the naive
+estimate with every sample in one graph (``method="direct"``).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+import torch
+from torch import nn
+from torch.autograd.function import once_differentiable
+
+from ..noise import mix_seed, resolve_seed
+from .context import bayesian_modules, chunks, sample_run
+from .convert import kl as model_kl
+from .layers import SampleMode
+from .likelihood import LIKELIHOODS, log_likelihood
+from .prediction import can_vectorize, run_window
+
+__all__ = ["elbo", "elbo_terms", "expected_data_term", "default_chunk", "ELBOTerms", "WholeNetworkMC",
+           "KLSchedule", "ConstantKL", "LinearWarmupKL", "BlundellKL", "KL_SCHEDULES", "kl_schedule"]
+
+
+@dataclass(frozen=True, eq=False)
+class _NetworkSpec:
+    """Non-tensor arguments of :class:`WholeNetworkMC`."""
+
+    fn: Callable[[int, int], torch.Tensor]  # fn(start, stop) -> Σ over the chunk's samples (0-d)
+    num_samples: int
+    chunk_size: int
+    want: tuple  # which inputs need a gradient
+
+
+class WholeNetworkMC(torch.autograd.Function):
+    """``y = (1/M) Σ_i f_i`` for a 0-d per-sample value ``f_i`` of the whole network.
+
+    Inputs: ``spec`` (:class:`_NetworkSpec`), then the tensors ``f`` depends on that may
+    need a gradient (the model's parameters, the input). Output: 0-d.
+
+    The forward pass walks the chunks; for each it builds the chunk's graph, takes
+    ``∂(Σ_{i∈chunk} f_i)/∂θ`` for every input θ with one ``autograd.grad`` call, adds it
+    to an accumulator and frees the graph. It saves the accumulated mean
+    gradients (O(P)), never a graph over M samples.
+    """
+
+    @staticmethod
+    def forward(ctx, spec: _NetworkSpec, *inputs):
+        targets = [t for t, w in zip(inputs, spec.want) if w]
+        total = None
+        acc: list = [None] * len(targets)
+        for start, stop in chunks(spec.num_samples, spec.chunk_size):
+            if targets:
+                with torch.enable_grad():
+                    value = spec.fn(start, stop)
+                    grads = (torch.autograd.grad(value, targets, allow_unused=True) if value.requires_grad
+                             else [None] * len(targets))
+                for k, g in enumerate(grads):
+                    if g is not None:
+                        acc[k] = g if acc[k] is None else acc[k] + g
+            else:
+                value = spec.fn(start, stop)
+            value = value.detach()
+            total = value if total is None else total + value
+        m = spec.num_samples
+        it = iter(acc)
+        saved, present = [], []
+        for t, w in zip(inputs, spec.want):
+            g = next(it) if w else None
+            present.append(g is not None)
+            if g is not None:
+                saved.append(g / m)
+        ctx.present = present
+        ctx.save_for_backward(*saved)
+        return total / m
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        # VJP: y is a 0-d mean, so ∂L/∂θ = grad_out · (1/M) Σ_i ∂f_i/∂θ, the saved mean gradient.
+        saved = iter(ctx.saved_tensors)
+        return (None, *[grad_out * next(saved) if p else None for p in ctx.present])
+
+
+class ELBOTerms(NamedTuple):
+    """``elbo`` = ``log_likelihood`` − ``kl_weight`` · ``kl`` / ``dataset_size`` (all 0-d tensors).
+
+    ``log_likelihood`` is the per-example mean of the M-sample data term; ``kl`` the
+    unscaled KL summed over weights.
+    """
+
+    elbo: torch.Tensor
+    log_likelihood: torch.Tensor
+    kl: torch.Tensor
+
+
+def _positive_int(name, value, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}")
+    return int(value)
+
+
+#: Weight-noise elements one chunk may hold (16 MiB in float32).
+CHUNK_ELEMENTS = 1 << 22
+
+
+def default_chunk(model: nn.Module, num_samples: int) -> int:
+    """Samples per chunk: as many as keep the chunk's weight samples under ``CHUNK_ELEMENTS``.
+
+    Only layers that sample weights count (local reparameterization samples activations).
+    """
+    numel = sum(m.weight_mu.numel() for m in bayesian_modules(model)
+                if m.mode == SampleMode.SAMPLE and not m.local_reparameterization)
+    return max(1, min(num_samples, CHUNK_ELEMENTS // max(1, numel)))
+
+
+def expected_data_term(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_samples: int,
+                       likelihood="categorical", noise_std=1.0, seed: int | None = None,
+                       chunk_size: int | None = None, method: str = "chunked",
+                       vectorize: bool | None = None) -> torch.Tensor:
+    """``(1/B) Σ_b (1/M) Σ_i log p(y_b | x_b, W_i)`` over whole-network samples (a 0-d tensor).
+
+    ``method="chunked"``: :class:`WholeNetworkMC` (memory of one chunk);
+    ``method="direct"``: every sample in one autograd graph (the naive reference).
+    The other arguments are those of :func:`elbo`.
+
+    Example:
+        >>> import torch, mcgraph as mg
+        >>> net = mg.nn.bayesify(torch.nn.Linear(3, 2))
+        >>> x, y = torch.randn(4, 3), torch.tensor([0, 1, 1, 0])
+        >>> a = mg.nn.expected_data_term(net, x, y, num_samples=6, seed=0, chunk_size=4)
+        >>> b = mg.nn.expected_data_term(net, x, y, num_samples=6, seed=0, method="direct")
+        >>> torch.allclose(a, b)
+        True
+    """
+    num_samples = _positive_int("num_samples", num_samples)
+    chunk = _positive_int("chunk_size", chunk_size, allow_none=True) or default_chunk(model, num_samples)
+    if method not in ("chunked", "direct"):
+        raise ValueError(f"method must be 'chunked' or 'direct', got {method!r}")
+    if isinstance(likelihood, str) and likelihood not in LIKELIHOODS:
+        raise ValueError(f"likelihood must be one of {sorted(LIKELIHOODS)} or a callable, got {likelihood!r}")
+    if y.shape[:1] != x.shape[:1]:
+        raise ValueError(f"y: batch size {tuple(y.shape[:1])} does not match x's {tuple(x.shape[:1])}")
+    vectorize = can_vectorize(model) if vectorize is None else bool(vectorize)
+    run = sample_run(model, num_samples, seed)
+    batch = x.shape[0]
+
+    def chunk_value(start: int, stop: int) -> torch.Tensor:
+        out = run_window(model, x, run, start, stop, vectorize)  # (S, B, ...)
+        size = stop - start
+        target = y.repeat(size, *([1] * (y.dim() - 1)))
+        ll = log_likelihood(likelihood, out.reshape(size * batch, *out.shape[2:]), target, noise_std)
+        return ll.sum() / batch
+
+    if method == "direct":
+        total = sum(chunk_value(a, b) for a, b in chunks(num_samples, chunk))
+        return total / num_samples
+    inputs = [p for p in model.parameters()]
+    if x.requires_grad:
+        inputs.append(x)
+    if isinstance(noise_std, torch.Tensor):
+        inputs.append(noise_std)
+    want = tuple(torch.is_grad_enabled() and t.requires_grad for t in inputs)
+    spec = _NetworkSpec(chunk_value, num_samples, chunk, want)
+    return WholeNetworkMC.apply(spec, *inputs)
+
+
+def elbo_terms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_samples: int, dataset_size: int,
+               kl_samples: int | None = None, chunk_size: int | None = None, likelihood="categorical",
+               noise_std=1.0, kl_weight: float = 1.0, seed: int | None = None, method: str = "chunked",
+               kl_method: str = "auto", vectorize: bool | None = None) -> ELBOTerms:
+    """The ELBO and its two terms; see :func:`elbo` for the arguments."""
+    dataset_size = _positive_int("dataset_size", dataset_size)
+    if not isinstance(kl_weight, (numbers.Real, torch.Tensor)) or isinstance(kl_weight, bool):
+        raise ValueError(f"kl_weight must be a real number, got {kl_weight!r}")
+    seed = resolve_seed(seed)
+    data = expected_data_term(model, x, y, num_samples=num_samples, likelihood=likelihood, noise_std=noise_std,
+                              seed=seed, chunk_size=chunk_size, method=method, vectorize=vectorize)
+    kl_value = model_kl(model, kl_samples, seed=mix_seed(seed, 1 << 20), method=kl_method)
+    return ELBOTerms(data - kl_weight * kl_value / dataset_size, data, kl_value)
+
+
+def elbo(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_samples: int, dataset_size: int,
+         kl_samples: int | None = None, chunk_size: int | None = None, likelihood="categorical",
+         noise_std=1.0, kl_weight: float = 1.0, seed: int | None = None, method: str = "chunked",
+         kl_method: str = "auto", vectorize: bool | None = None) -> torch.Tensor:
+    """Per-example ELBO of a minibatch, differentiable, memory bounded by a chunk of samples.
+
+    .. math::
+        \\mathcal L = \\frac1B\\sum_b \\frac1M\\sum_{i=1}^M \\log p(y_b \\mid x_b, W_i)
+                     - \\beta \\frac{KL(q\\|p)}{N}
+
+    The data term averages ``num_samples`` samples of the whole network (every
+    Bayesian layer resampled), ``chunk_size`` at a time (a chunk is the batch
+    repeated; see :class:`WholeNetworkMC`). The KL is :func:`mcgraph.nn.kl` (a sum over
+    weights, each layer with its prior, ``kl_samples`` samples through the engine),
+    divided by the dataset size N and weighted by β = ``kl_weight``
+    (:class:`KLSchedule` gives warm-up and Blundell's weights). Minimise ``-elbo(...)``.
+
+    Args:
+        model: the network (Bayesian layers anywhere; BatchNorm and biases deterministic).
+        x: input batch ``(B, …)``.
+        y: targets: class indices ``(B,)`` (categorical) or values (gaussian).
+        num_samples: M ≥ 1 whole-network samples of the data term.
+        dataset_size: N, the number of training examples.
+        kl_samples: M of the KL for every layer (default: each layer's ``kl_samples``).
+        chunk_size: samples per forward/backward chunk (default: :func:`default_chunk`, about
+            16 MiB of weight samples per chunk).
+        likelihood: ``"categorical"``, ``"gaussian"`` or a callable ``(output, target) -> (N,)``.
+        noise_std: τ of the Gaussian likelihood.
+        kl_weight: β.
+        seed: noise seed (``None``: drawn from the global generator). The same seed gives
+            the same value and gradients for any ``chunk_size`` and ``method``.
+        method: ``"chunked"`` (bounded memory) or ``"direct"`` (every sample in one graph).
+        kl_method: the engine's method for the KL (``"auto"``, ``"collapsed-exact"``, …).
+        vectorize: run a chunk's samples in one forward (default: unless a BatchNorm uses
+            batch statistics, see :func:`~mcgraph.nn.can_vectorize`).
+
+    Returns:
+        A 0-d tensor (use :func:`elbo_terms` for the two terms as well).
+
+    Example:
+        >>> import torch, mcgraph as mg
+        >>> net = mg.nn.bayesify(torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(),
+        ...                                          torch.nn.Linear(16, 3)), posterior="radial")
+        >>> x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+        >>> loss = -mg.nn.elbo(net, x, y, num_samples=64, dataset_size=1000, kl_samples=100, seed=0)
+        >>> loss.backward()
+    """
+    return elbo_terms(model, x, y, num_samples=num_samples, dataset_size=dataset_size, kl_samples=kl_samples,
+                      chunk_size=chunk_size, likelihood=likelihood, noise_std=noise_std, kl_weight=kl_weight,
+                      seed=seed, method=method, kl_method=kl_method, vectorize=vectorize).elbo
+
+
+# --------------------------------------------------------------------------- KL-weight schedules
+
+
+class KLSchedule:
+    """β for step ``t`` (0-based minibatch count): ``schedule(t) -> float``.
+
+    The ELBO divides the KL by the dataset size N, so β = 1 weighs the KL once per
+    epoch of equal batches. Subclasses: :class:`ConstantKL`, :class:`LinearWarmupKL`,
+    :class:`BlundellKL`; :func:`kl_schedule` builds one by name.
+    """
+
+    def __call__(self, step: int) -> float:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class ConstantKL(KLSchedule):
+    """β = ``weight`` at every step."""
+
+    weight: float = 1.0
+
+    def __call__(self, step: int) -> float:
+        return float(self.weight)
+
+
+@dataclass(frozen=True)
+class LinearWarmupKL(KLSchedule):
+    """β = ``final · min(1, (t + 1) / warmup_steps)``: linear warm-up, then constant."""
+
+    warmup_steps: int
+    final: float = 1.0
+
+    def __post_init__(self):
+        _positive_int("warmup_steps", self.warmup_steps)
+
+    def __call__(self, step: int) -> float:
+        return float(self.final) * min(1.0, (step + 1) / self.warmup_steps)
+
+
+@dataclass(frozen=True)
+class BlundellKL(KLSchedule):
+    """Blundell et al. (2015), §3.4: minibatch i = 1…n of each epoch weighs the KL by
+
+    .. math::
+        \\pi_i = \\frac{2^{n-i}}{2^n - 1}, \\qquad \\sum_{i=1}^n \\pi_i = 1,
+
+    so early batches carry most of the complexity cost. With the ELBO's KL / N
+    scaling (one KL per epoch at β = 1/n per batch ⇔ β = 1 per example), β = n·π_i.
+    Computed as ``n · 2^{-i} / (1 − 2^{-n})`` (no overflow for large n).
+    """
+
+    num_batches: int
+
+    def __post_init__(self):
+        _positive_int("num_batches", self.num_batches)
+
+    def __call__(self, step: int) -> float:
+        n = self.num_batches
+        i = step % n + 1
+        return n * math.ldexp(1.0, -i) / (1.0 - math.ldexp(1.0, -n))
+
+
+KL_SCHEDULES = {"constant": ConstantKL, "linear": LinearWarmupKL, "blundell": BlundellKL}
+"""Names of the KL-weight schedules."""
+
+
+def kl_schedule(name: str, *, num_batches: int | None = None, warmup_steps: int | None = None,
+                weight: float = 1.0) -> KLSchedule:
+    """A :class:`KLSchedule` by name: ``"constant"`` (β = ``weight``), ``"linear"`` (warm-up over
+    ``warmup_steps`` to ``weight``), ``"blundell"`` (needs ``num_batches`` per epoch).
+
+    Example:
+        >>> import mcgraph as mg
+        >>> s = mg.nn.kl_schedule("blundell", num_batches=3)
+        >>> round(sum(s(t) for t in range(3)) / 3, 6)
+        1.0
+    """
+    if name == "constant":
+        return ConstantKL(weight)
+    if name == "linear":
+        if warmup_steps is None:
+            raise ValueError("warmup_steps is required for the 'linear' KL schedule")
+        return LinearWarmupKL(warmup_steps, weight)
+    if name == "blundell":
+        if num_batches is None:
+            raise ValueError("num_batches is required for the 'blundell' KL schedule")
+        return BlundellKL(num_batches)
+    raise ValueError(f"name must be one of {sorted(KL_SCHEDULES)}, got {name!r}")

@@ -1,0 +1,368 @@
+"""``python -m mcgraph train``: train a Bayesian (or deterministic) network on a packaged dataset.
+
+Example::
+
+    python -m mcgraph train --model lenet5 --dataset mnist --posterior radial --prior normal \\
+        --kl-samples 1000 --epochs 10 --out runs/lenet5-radial
+
+The network is a model of :mod:`mcgraph.models` (or ``mlp``) made Bayesian by
+:func:`mcgraph.nn.bayesify`; each step minimises ``-mg.nn.elbo`` (``--train-samples``
+whole-network samples of the data term, ``--kl-samples`` samples of the KL through
+the engine, KL / N weighted by ``--kl-schedule``). ``--deterministic`` trains the same
+network with cross-entropy, for comparison.
+
+Output, under ``--out``: ``checkpoint.pt`` (model, optimizer, epoch; ``--resume``
+continues from it), ``metrics.jsonl`` (one row per evaluation), and the final
+``summary.json`` and ``summary.md`` (accuracy, NLL, ECE, Brier on the test set from
+``--eval-samples`` predictive samples, timings, configuration).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from . import metrics
+from .data import DATASETS, load_dataset
+from .models import MODELS, get_model
+
+__all__ = ["main", "build_parser", "build_model", "mlp", "evaluate", "train"]
+
+
+def mlp(num_classes: int, in_features: int, hidden: tuple[int, ...] = (256, 256)) -> nn.Sequential:
+    """``Flatten → [Linear → ReLU]* → Linear``: the ``--model mlp`` network.
+
+    Example:
+        >>> import torch
+        >>> mlp(10, 64, (32,))(torch.zeros(2, 1, 8, 8)).shape
+        torch.Size([2, 10])
+    """
+    layers: list[nn.Module] = [nn.Flatten()]
+    width = in_features
+    for h in hidden:
+        layers += [nn.Linear(width, h), nn.ReLU()]
+        width = h
+    layers.append(nn.Linear(width, num_classes))
+    return nn.Sequential(*layers)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import mcgraph.nn as mnn
+
+    p = argparse.ArgumentParser(prog="mcgraph train", description="Train a Bayesian neural network "
+                                "(mcgraph.nn) on a dataset shipped in an installable package.")
+    p.add_argument("--model", default="lenet5", help=f"mlp or one of {sorted(MODELS)}")
+    p.add_argument("--hidden", type=int, nargs="+", default=[256, 256], help="hidden widths of --model mlp")
+    p.add_argument("--dataset", default="mnist", choices=sorted(DATASETS))
+    p.add_argument("--image-size", type=int, default=None,
+                   help="resize 2-d images (default: 28 for lenet5 on smaller images)")
+    p.add_argument("--posterior", default="radial", choices=sorted(mnn.POSTERIORS))
+    p.add_argument("--prior", default="normal", choices=sorted(mnn.PRIORS))
+    p.add_argument("--prior-scale", type=float, default=None, help="scale of a normal/laplace/student_t prior")
+    p.add_argument("--kl-samples", type=int, default=1000, help="M of every layer's KL")
+    p.add_argument("--kl-method", default="auto", help="the engine's method for the KL")
+    p.add_argument("--train-samples", type=int, default=1, help="whole-network samples of the data term per step")
+    p.add_argument("--chunk-size", type=int, default=None, help="samples per chunk of the data term")
+    p.add_argument("--kl-schedule", default="constant", choices=["constant", "linear", "blundell"])
+    p.add_argument("--kl-weight", type=float, default=1.0, help="β of the constant / final β of the linear schedule")
+    p.add_argument("--warmup-epochs", type=float, default=1.0, help="length of the linear KL warm-up")
+    p.add_argument("--rho-init", type=float, default=-5.0, help="initial ρ (σ = softplus(ρ))")
+    p.add_argument("--local-reparameterization", action="store_true")
+    p.add_argument("--flipout", action="store_true")
+    p.add_argument("--deterministic", action="store_true", help="train the plain network (baseline)")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr-decay", type=float, default=1.0, help="multiply the learning rate by this every epoch")
+    p.add_argument("--eval-samples", type=int, default=100, help="predictive samples of the final evaluation")
+    p.add_argument("--periodic-eval-samples", type=int, default=10)
+    p.add_argument("--eval-every", type=int, default=1, help="evaluate every N epochs (0: only at the end)")
+    p.add_argument("--eval-batch-size", type=int, default=1000)
+    p.add_argument("--checkpoint-every", type=int, default=1, help="save a checkpoint every N epochs")
+    p.add_argument("--resume", default=None, help="a checkpoint.pt to continue from")
+    p.add_argument("--limit-train", type=int, default=None, help="use the first N training examples")
+    p.add_argument("--limit-test", type=int, default=None, help="use the first N test examples")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", default=None, help="output directory (default runs/<model>-<dataset>-<time>)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _prior(args):
+    if args.prior_scale is None:
+        return args.prior
+    import mcgraph.nn as mnn
+
+    if args.prior not in ("normal", "laplace", "student_t", "horseshoe"):
+        raise ValueError(f"--prior-scale applies to normal, laplace, student_t and horseshoe priors, not {args.prior!r}")
+    return functools.partial(mnn.PRIORS[args.prior], scale=args.prior_scale)
+
+
+def build_model(args, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """The network of ``args``: ``mlp`` or a registered model, made Bayesian unless ``--deterministic``."""
+    if args.model == "mlp":
+        model = mlp(num_classes, math.prod(input_shape), tuple(args.hidden))
+    else:
+        model = get_model(args.model, num_classes=num_classes, in_channels=input_shape[0])
+    if args.deterministic:
+        return model
+    import mcgraph.nn as mnn
+
+    return mnn.bayesify(model, posterior=args.posterior, prior=_prior(args), kl_samples=args.kl_samples,
+                        init_from_weights=False, local_reparameterization=args.local_reparameterization,
+                        flipout=args.flipout, rho_init=args.rho_init, inplace=True)
+
+
+def _is_bayesian(model: nn.Module) -> bool:
+    import mcgraph.nn as mnn
+
+    return bool(mnn.bayesian_modules(model))
+
+
+@torch.no_grad()
+def predict_probs(model: nn.Module, x: torch.Tensor, num_samples: int, batch_size: int, device) -> torch.Tensor:
+    """Predictive probabilities of ``x`` (``num_samples`` weight samples; a softmax for a deterministic model)."""
+    import mcgraph.nn as mnn
+
+    model.eval()
+    bayes = _is_bayesian(model)
+    out = []
+    for start in range(0, x.shape[0], batch_size):
+        xb = x[start:start + batch_size].to(device)
+        if bayes:
+            out.append(mnn.predict(model, xb, num_samples).cpu())
+        else:
+            out.append(torch.softmax(model(xb), -1).cpu())
+    return torch.cat(out)
+
+
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_samples: int, batch_size: int,
+             device) -> dict:
+    """Accuracy, NLL, ECE (15 bins), Brier score and mean predictive entropy on ``(x, y)``."""
+    probs = predict_probs(model, x, num_samples, batch_size, device)
+    out = {
+        "accuracy": float(metrics.accuracy(probs, y)),
+        "nll": float(metrics.nll(probs, y)),
+        "ece": float(metrics.ece(probs, y, num_bins=15)),
+        "brier": float(metrics.brier(probs, y)),
+        "entropy": float(metrics.predictive_entropy(probs).mean()),
+        "num_samples": num_samples if _is_bayesian(model) else 1,
+        "examples": int(y.shape[0]),
+    }
+    if _is_bayesian(model):
+        import mcgraph.nn as mnn
+
+        with mnn.frozen(model):
+            mean_probs = predict_probs(model, x, 1, batch_size, device)
+        out["accuracy_mean_weights"] = float(metrics.accuracy(mean_probs, y))
+    return out
+
+
+class _Progress:
+    """A tqdm bar when tqdm is installed (else a line per epoch)."""
+
+    def __init__(self, total: int, desc: str, enabled: bool):
+        self.bar = None
+        if enabled:
+            try:
+                from tqdm.auto import tqdm
+
+                self.bar = tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True, file=sys.stderr)
+            except ImportError:
+                self.bar = None
+
+    def update(self, **postfix):
+        if self.bar is not None:
+            self.bar.set_postfix({k: f"{v:.4g}" for k, v in postfix.items()}, refresh=False)
+            self.bar.update(1)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _checkpoint(path: Path, model, optimizer, epoch: int, step: int, args) -> None:
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch, "step": step,
+                "args": vars(args)}, path)
+
+
+def train(args) -> dict:
+    """Run the training of ``args`` (from :func:`build_parser`); returns the summary dict."""
+    import mcgraph.nn as mnn
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    image_size = args.image_size
+    if image_size is None and args.model == "lenet5" and args.dataset in ("digits",):
+        image_size = 28
+    ds = load_dataset(args.dataset, seed=args.seed, image_size=image_size)
+    x_train, y_train = ds.x_train, ds.y_train
+    if args.limit_train:
+        x_train, y_train = x_train[:args.limit_train], y_train[:args.limit_train]
+    x_test, y_test = ds.x_test, ds.y_test
+    if args.limit_test:
+        x_test, y_test = x_test[:args.limit_test], y_test[:args.limit_test]
+    x_eval, y_eval = (ds.x_val, ds.y_val) if ds.x_val is not None else (x_test, y_test)
+    if args.limit_test and x_eval is not None:
+        x_eval, y_eval = x_eval[:args.limit_test], y_eval[:args.limit_test]
+
+    model = build_model(args, ds.input_shape, ds.num_classes).to(device)
+    bayes = _is_bayesian(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    n_train = x_train.shape[0]
+    batches = math.ceil(n_train / args.batch_size)
+    warmup = max(1, int(round(args.warmup_epochs * batches)))
+    schedule = mnn.kl_schedule(args.kl_schedule, num_batches=batches, warmup_steps=warmup, weight=args.kl_weight)
+
+    out = Path(args.out or f"runs/{args.model}-{args.dataset}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    start_epoch, step = 0, 0
+    if args.resume:
+        state = torch.load(args.resume, map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start_epoch, step = int(state["epoch"]), int(state["step"])
+        _log(f"resumed from {args.resume} at epoch {start_epoch}")
+    n_params = sum(p.numel() for p in model.parameters())
+    _log(f"{'BNN' if bayes else 'deterministic'} {args.model} on {args.dataset}: {n_params:,} parameters, "
+         f"{n_train} training examples, {batches} batches/epoch -> {out}")
+
+    gen = torch.Generator().manual_seed(args.seed)
+    for _ in range(start_epoch):  # the same shuffles after a resume
+        torch.randperm(n_train, generator=gen)
+    history = []
+    log_path = out / "metrics.jsonl"
+    if args.resume and log_path.is_file():  # keep the epochs already done
+        rows = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+        history = [r for r in rows if r.get("epoch", 0) <= start_epoch]
+        log_path.write_text("".join(json.dumps(r) + "\n" for r in history))
+    t_train = sum(r.get("time_s", 0.0) for r in history)
+    for epoch in range(start_epoch, args.epochs):
+        for group in optimizer.param_groups:
+            group["lr"] = args.lr * args.lr_decay ** epoch
+        model.train()
+        perm = torch.randperm(n_train, generator=gen)
+        bar = _Progress(batches, f"epoch {epoch + 1}/{args.epochs}", not args.no_progress)
+        t0 = time.perf_counter()
+        sums = {"loss": 0.0, "nll": 0.0, "kl": 0.0, "correct": 0}
+        for b in range(batches):
+            idx = perm[b * args.batch_size:(b + 1) * args.batch_size]
+            xb, yb = x_train[idx].to(device), y_train[idx].to(device)
+            optimizer.zero_grad(set_to_none=True)
+            if bayes:
+                terms = mnn.elbo_terms(model, xb, yb, num_samples=args.train_samples, dataset_size=n_train,
+                                       chunk_size=args.chunk_size, kl_weight=schedule(step),
+                                       kl_method=args.kl_method)
+                loss = -terms.elbo
+                nll_b, kl_b = -terms.log_likelihood.detach(), terms.kl.detach()
+            else:
+                logits = model(xb)
+                loss = nn.functional.cross_entropy(logits, yb)
+                nll_b, kl_b = loss.detach(), torch.zeros(())
+                sums["correct"] += int((logits.argmax(-1) == yb).sum())
+            loss.backward()
+            optimizer.step()
+            step += 1
+            sums["loss"] += float(loss.detach())
+            sums["nll"] += float(nll_b)
+            sums["kl"] += float(kl_b)
+            bar.update(loss=sums["loss"] / (b + 1), nll=sums["nll"] / (b + 1), kl=float(kl_b))
+        bar.close()
+        t_epoch = time.perf_counter() - t0
+        t_train += t_epoch
+        row = {"epoch": epoch + 1, "step": step, "time_s": t_epoch, "loss": sums["loss"] / batches,
+               "train_nll": sums["nll"] / batches, "kl": sums["kl"] / batches,
+               "lr": optimizer.param_groups[0]["lr"]}
+        last = epoch + 1 == args.epochs
+        if args.eval_every and ((epoch + 1) % args.eval_every == 0) and not last:
+            split = "val" if ds.x_val is not None else "test"
+            ev = evaluate(model, x_eval, y_eval, args.periodic_eval_samples, args.eval_batch_size, device)
+            row.update({f"{split}_{k}": v for k, v in ev.items() if k not in ("examples", "num_samples")})
+            _log(f"epoch {epoch + 1}: loss {row['loss']:.4f}  kl {row['kl']:.4g}  {split} acc "
+                 f"{ev['accuracy']:.4f}  nll {ev['nll']:.4f}  ece {ev['ece']:.4f}  ({t_epoch:.1f} s)")
+        else:
+            _log(f"epoch {epoch + 1}: loss {row['loss']:.4f}  kl {row['kl']:.4g}  ({t_epoch:.1f} s)")
+        history.append(row)
+        with log_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if args.checkpoint_every and ((epoch + 1) % args.checkpoint_every == 0 or last):
+            _checkpoint(out / "checkpoint.pt", model, optimizer, epoch + 1, step, args)
+
+    t0 = time.perf_counter()
+    test = evaluate(model, x_test, y_test, args.eval_samples, args.eval_batch_size, device)
+    summary = {
+        "model": args.model, "dataset": args.dataset, "bayesian": bayes,
+        "posterior": None if args.deterministic else args.posterior,
+        "prior": None if args.deterministic else args.prior,
+        "kl_samples": None if args.deterministic else args.kl_samples,
+        "epochs": args.epochs, "steps": step, "parameters": n_params, "train_examples": n_train,
+        "train_time_s": t_train, "eval_time_s": time.perf_counter() - t0,
+        "test": test, "history": history, "config": vars(args), "out": str(out),
+    }
+    if not args.checkpoint_every:
+        _checkpoint(out / "checkpoint.pt", model, optimizer, args.epochs, step, args)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out / "summary.md").write_text(_markdown(summary))
+    _log(f"test: accuracy {test['accuracy']:.4f}  NLL {test['nll']:.4f}  ECE {test['ece']:.4f}  "
+         f"Brier {test['brier']:.4f}  -> {out / 'summary.md'}")
+    return summary
+
+
+def _markdown(s: dict) -> str:
+    t = s["test"]
+    kind = (f"Bayesian ({s['posterior']} posterior, {s['prior']} prior, {s['kl_samples']} KL samples)"
+            if s["bayesian"] else "deterministic")
+    lines = [
+        f"# {s['model']} on {s['dataset']}", "",
+        f"{kind}; {s['parameters']:,} parameters; {s['epochs']} epochs ({s['steps']} steps) on "
+        f"{s['train_examples']:,} examples in {s['train_time_s']:.1f} s.", "",
+        f"Test set ({t['examples']:,} examples, {t['num_samples']} predictive samples):", "",
+        "| metric | value |", "| --- | --- |",
+        f"| accuracy | {t['accuracy']:.4f} |",
+        f"| NLL | {t['nll']:.4f} |",
+        f"| ECE (15 bins) | {t['ece']:.4f} |",
+        f"| Brier | {t['brier']:.4f} |",
+        f"| mean predictive entropy | {t['entropy']:.4f} |",
+    ]
+    if "accuracy_mean_weights" in t:
+        lines.append(f"| accuracy (posterior-mean weights) | {t['accuracy_mean_weights']:.4f} |")
+    lines += ["", "| epoch | loss | KL | time (s) |", "| --- | --- | --- | --- |"]
+    lines += [f"| {r['epoch']} | {r['loss']:.4f} | {r['kl']:.4g} | {r['time_s']:.1f} |" for r in s["history"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m mcgraph train``; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.model != "mlp" and args.model not in MODELS:
+        parser.error(f"--model must be mlp or one of {sorted(MODELS)}, got {args.model!r}")
+    for name in ("epochs", "batch_size", "kl_samples", "train_samples", "eval_samples", "periodic_eval_samples"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    try:
+        train(args)
+    except ImportError as e:  # an optional dataset package is missing
+        print(f"mcgraph train: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

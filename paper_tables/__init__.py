@@ -1,0 +1,39 @@
+"""Regenerate the paper's tables and figures at CPU scale, side by side with the published values.
+
+``python -m paper_tables all [--quick] [--out DIR]`` or one target at a time
+(``table1``, ``theorems``, ``fig2_left``, ``fig2_right``, ``fig1_fig6``, ``fig7_fig8``).
+Each target is a module with ``run(out_dir, quick, seed) -> dict`` writing
+``<target>.md``, ``<target>.png`` and ``<target>.json`` and refreshing ``README.md``
+of the output folder; see ``paper_tables/README.md``.
+
+Adding a target is one module plus one line in :data:`TARGETS`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+#: target name → module (imported on first use, so ``--help`` imports no torch).
+TARGETS: dict[str, str] = {
+    "table1": "paper_tables.table1",
+    "theorems": "paper_tables.theorems",
+    "fig2_left": "paper_tables.fig2_left",
+    "fig2_right": "paper_tables.fig2_right",
+    "fig1_fig6": "paper_tables.fig1_fig6",
+    "fig7_fig8": "paper_tables.fig7_fig8",
+}
+
+
+def get_target(name: str) -> Callable[..., dict]:
+    """The ``run(out_dir, quick, seed)`` function of target ``name``.
+
+    Raises:
+        ValueError: unknown name (the message lists the targets).
+    """
+    if name not in TARGETS:
+        raise ValueError(f"target must be one of {sorted(TARGETS)}, got {name!r}")
+    return importlib.import_module(TARGETS[name]).run
+
+
+__all__ = ["TARGETS", "get_target"]

@@ -1,0 +1,266 @@
+"""Shared plumbing of the paper targets: result records, Markdown tables, plots, the index README.
+
+Every target's ``run(out_dir, quick, seed)`` measures, then calls :func:`write_target`, which
+writes three files from one :class:`TargetResult`:
+
+* ``<target>.json`` — the raw measured rows (machine-readable, what the tables are made of),
+  the comparison rows, the seeds, the scale and the wall time;
+* ``<target>.md`` — the comparison table (quantity | paper | ours | scale | why different)
+  followed by the target's own detail sections;
+* ``<target>.png`` — drawn by the target's ``plot(result, path)`` from the same rows.
+
+:func:`write_index` rebuilds ``README.md`` of the output folder from every ``<target>.json``
+present, so running one target at a time keeps the index complete.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+PAPER = ("Nazarovs, Mehta, Lokhande, Singh. Graph Reparameterizations for Enabling 1000+ Monte Carlo "
+         "Iterations in Bayesian Deep Neural Networks. UAI 2021")
+
+
+@dataclass
+class Comparison:
+    """One line of a target's comparison table.
+
+    Attributes:
+        quantity: what is compared (``"max M, DenseNet-121, direct"``).
+        paper: the published value, as printed (or read approximately off a figure: say so).
+        ours: our value.
+        scale: the scale we ran at (input size, batch, M, seeds, dataset…).
+        why: why the numbers differ (or ``"—"`` when they agree by construction).
+    """
+
+    quantity: str
+    paper: str
+    ours: str
+    scale: str
+    why: str
+
+
+@dataclass
+class TargetResult:
+    """Everything one target produced; serialised to ``<target>.json``.
+
+    Attributes:
+        target: the target's name (``"table1"``).
+        title: the paper artefact(s) it regenerates.
+        quick: run at toy scale (``--quick``).
+        seed: the base seed; every seed used is listed in ``seeds``.
+        seeds: the seeds actually used (or a description of how they derive from ``seed``).
+        scale: one paragraph: what was run, at which size, and why not at the paper's.
+        comparisons: the comparison rows (also shown in the index README).
+        rows: raw measured rows (list of flat dicts).
+        sections: extra Markdown sections ``(heading, body)`` for ``<target>.md``.
+        status: ``"ok"``, or ``"reduced: …"`` when something needed was missing.
+        wall_s: wall time of the run (set by :func:`timed`).
+        env: versions and machine facts.
+        params: the target's settings (what ``--quick`` chose), so a report can be rebuilt from the JSON.
+    """
+
+    target: str
+    title: str
+    quick: bool
+    seed: int
+    seeds: list = field(default_factory=list)
+    scale: str = ""
+    comparisons: list = field(default_factory=list)
+    rows: list = field(default_factory=list)
+    sections: list = field(default_factory=list)
+    status: str = "ok"
+    wall_s: float = 0.0
+    env: dict = field(default_factory=dict)
+    params: dict = field(default_factory=dict)
+
+    def compare(self, quantity: str, paper, ours, scale: str, why: str) -> None:
+        self.comparisons.append(Comparison(quantity, str(paper), str(ours), scale, why))
+
+    def section(self, heading: str, body: str) -> None:
+        self.sections.append((heading, body))
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["comparisons"] = [asdict(c) if isinstance(c, Comparison) else c for c in self.comparisons]
+        return d
+
+
+def load_result(out_dir: str | os.PathLike, target: str) -> TargetResult:
+    """The :class:`TargetResult` of ``<out_dir>/<target>.json``, comparisons and sections cleared
+    (a target's ``report`` rebuilds them from the rows).
+
+    Raises:
+        FileNotFoundError: the target has not been run into ``out_dir``.
+    """
+    path = Path(out_dir) / f"{target}.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: run `python -m paper_tables {target}` first")
+    data = json.loads(path.read_text())
+    names = {f for f in TargetResult.__dataclass_fields__}
+    result = TargetResult(**{k: v for k, v in data.items() if k in names})
+    result.comparisons, result.sections = [], []
+    return result
+
+
+def git_commit() -> str:
+    """``git describe --always --dirty`` of this checkout, or ``""``."""
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"],
+                             cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def environment() -> dict:
+    """Versions and machine facts recorded with every target."""
+    load = None
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):
+        pass
+    return {"torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "commit": git_commit(),
+            "load_average_1min_at_start": load, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def md_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
+    """A GitHub Markdown table (``|`` in cells escaped)."""
+    def cell(v) -> str:
+        return "" if v is None else str(v).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None or (isinstance(n, float) and math.isnan(n)):
+        return "—"
+    n = float(n)
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{int(n)} B"
+
+
+def fmt_params(n: int) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n / 1e3:.1f}k"
+
+
+def comparison_table(comparisons: Sequence) -> str:
+    rows = [(c["quantity"], c["paper"], c["ours"], c["scale"], c["why"]) if isinstance(c, dict)
+            else (c.quantity, c.paper, c.ours, c.scale, c.why) for c in comparisons]
+    return md_table(("quantity", "paper", "ours", "scale", "why different"), rows)
+
+
+def write_target(out_dir: str | os.PathLike, result: TargetResult,
+                 plot: Callable[[TargetResult, Path], None] | None) -> dict:
+    """Write ``<target>.json``, ``.md`` and ``.png``; then refresh the index README. Returns the JSON dict."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    data = result.to_json()
+    (out / f"{result.target}.json").write_text(json.dumps(data, indent=1, default=str))
+    png = out / f"{result.target}.png"
+    if plot is not None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        try:
+            plot(result, png)
+        finally:
+            plt.close("all")
+    (out / f"{result.target}.md").write_text(render_markdown(data, png.name if png.exists() else None))
+    write_index(out)
+    return data
+
+
+def render_markdown(data: dict, png: str | None) -> str:
+    mode = "quick (toy scale)" if data["quick"] else "full"
+    lines = [f"# {data['title']}", "",
+             f"Target `{data['target']}`, mode: {mode}, base seed {data['seed']}, wall time "
+             f"{data['wall_s']:.1f} s, status: {data['status']}.", "",
+             f"Paper: {PAPER}.", "", "## Scale", "", data["scale"], ""]
+    if data.get("seeds"):
+        lines += [f"Seeds: {data['seeds']}", ""]
+    lines += ["## Paper vs ours", "", comparison_table(data["comparisons"]), ""]
+    if png:
+        lines += [f"![{data['target']}]({png})", ""]
+    for heading, body in data.get("sections", []):
+        lines += [f"## {heading}", "", body, ""]
+    env = data.get("env", {})
+    lines += ["## Environment", "", md_table(("key", "value"), sorted(env.items())), ""]
+    return "\n".join(lines)
+
+
+#: Order of the targets in the index (the CLI's ``all`` order).
+ORDER = ("table1", "theorems", "fig2_left", "fig2_right", "fig1_fig6", "fig7_fig8")
+
+
+def write_index(out_dir: str | os.PathLike) -> Path:
+    """``README.md`` of the output folder: every target's comparison table, scale and wall time."""
+    out = Path(out_dir)
+    found = []
+    for name in ORDER:
+        p = out / f"{name}.json"
+        if p.is_file():
+            try:
+                found.append(json.loads(p.read_text()))
+            except json.JSONDecodeError:
+                continue
+    lines = ["# Paper tables and figures, regenerated at CPU scale", "",
+             f"Paper: {PAPER}.", "",
+             "Each artefact below shows the paper's value beside ours, the scale we ran at and why the "
+             "numbers differ. Figures' values are read off the paper's text extraction where the text "
+             "gives them; where only axis ticks are readable this is said. Regenerate with "
+             "`python -m paper_tables all [--quick]` (see `paper_tables/README.md`).", "",
+             md_table(("target", "artefact", "mode", "seed", "wall time", "status", "files"),
+                      [(f"[{d['target']}]({d['target']}.md)", d["title"], "quick" if d["quick"] else "full",
+                        d["seed"], f"{d['wall_s']:.1f} s", d["status"],
+                        f"{d['target']}.md, {d['target']}.png, {d['target']}.json") for d in found]), ""]
+    missing = [n for n in ORDER if n not in {d["target"] for d in found}]
+    if missing:
+        lines += [f"Not run into this folder yet: {', '.join(missing)}.", ""]
+    for d in found:
+        lines += [f"## {d['title']} (`{d['target']}`)", "", d["scale"], "", comparison_table(d["comparisons"]), ""]
+        if (out / f"{d['target']}.png").is_file():
+            lines += [f"![{d['target']}]({d['target']}.png)", ""]
+    path = out / "README.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def log(msg: str) -> None:
+    """One progress line on stderr (targets that run for minutes say what they are doing)."""
+    import sys
+
+    print(f"[paper_tables]   {msg}", file=sys.stderr, flush=True)
+
+
+class timed:
+    """``with timed(result): ...`` sets ``result.wall_s`` and ``result.env``."""
+
+    def __init__(self, result: TargetResult):
+        self.result = result
+
+    def __enter__(self):
+        self.result.env = environment()
+        self.start = time.perf_counter()
+        return self.result
+
+    def __exit__(self, *exc):
+        self.result.wall_s = time.perf_counter() - self.start
+        return False

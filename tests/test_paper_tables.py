@@ -1,0 +1,133 @@
+"""paper_tables: the generated Table 1 and the d_P formulas (fast), and the whole --quick run (slow)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from paper_tables import TARGETS, get_target
+from paper_tables.__main__ import main
+from paper_tables.theorems import cor3, thm2
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def table1(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pt")
+    data = get_target("table1")(out, quick=True, seed=0)
+    return out, data
+
+
+@pytest.fixture(scope="module")
+def theorems(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pt")
+    data = get_target("theorems")(out, quick=True, seed=0)
+    return out, data
+
+
+def _cell(cells, q_paper, p_paper):
+    found = [c for c in cells if c["q_paper"] == q_paper and c["p_paper"] == p_paper]
+    assert found, f"no {q_paper} × {p_paper} cell"
+    return found[0]
+
+
+def test_registry_of_targets():
+    assert set(TARGETS) == {"table1", "theorems", "fig2_left", "fig2_right", "fig1_fig6", "fig7_fig8"}
+    with pytest.raises(ValueError, match="target must be one of"):
+        get_target("table9")
+
+
+def test_table1_files(table1):
+    out, data = table1
+    for ext in ("md", "png", "json"):
+        assert (out / f"table1.{ext}").is_file()
+    md = (out / "table1.md").read_text()
+    assert "| quantity | paper | ours | scale | why different |" in md
+    assert "table1" in (out / "README.md").read_text()
+    assert json.loads((out / "table1.json").read_text())["target"] == "table1"
+
+
+def test_table1_rows_come_from_the_registry(table1):
+    import mcgraph as mg
+
+    _, data = table1
+    rows = {c["posterior"] for c in data["rows"]}
+    assert {cls.__name__ for cls in mg.FAMILIES.registered()} <= rows
+
+
+def test_table1_normal_normal_collapsed_and_constant(table1):
+    _, data = table1
+    c = _cell(data["rows"], "Normal", "Normal")
+    assert c["status"] == "ok" and c["tier"] == "collapsed" and c["d_P"] == 5
+    assert c["paper_groups"]
+    assert c["auto_nodes_M1"] == c["auto_nodes_M1000"]
+    assert c["auto_bytes_M1"] == c["auto_bytes_M1000"]
+    assert c["constant_graph"]
+
+
+def test_table1_every_measured_cell_is_constant_in_M(table1):
+    _, data = table1
+    measured = [c for c in data["rows"] if c["status"] == "ok"]
+    assert measured
+    assert all(c["constant_graph"] for c in measured), [(c["posterior"], c["prior"]) for c in measured
+                                                          if not c["constant_graph"]]
+
+
+def test_table1_non_collapsible_and_infinite_cells_say_why(table1):
+    _, data = table1
+    laplace = _cell(data["rows"], "Normal", "Laplace")
+    assert laplace["tier"] == "fused" and laplace["reasons"]
+    expo = _cell(data["rows"], "Normal", "Exponential")  # listed by the paper, but supp N ⊄ supp Exp
+    assert expo["status"] == "infinite" and "KL(q‖p) = ∞" in expo["reason"]
+    missing = [c for c in data["rows"] if c["status"] == "missing"]
+    assert missing and all(c["reason"] for c in missing)
+
+
+def test_theorems_formulas():
+    assert [thm2(k, 2) for k in range(1, 7)] == [2, 3, 4, 5, 6, 7]
+    assert [thm2(k, 1) for k in range(1, 7)] == [1] * 6
+    assert [cor3(K, 2) for K in range(1, 7)] == [2, 5, 9, 14, 20, 27]
+    assert cor3(3, 2) == (3 + 1) * (3 + 2) // 2 - 1  # Example 1
+
+
+def test_theorems_cor3_matches_for_S2(theorems):
+    out, data = theorems
+    rows = [r for r in data["rows"] if r["claim"] == "Cor 3" and r["S"] == 2]
+    assert [r["k"] for r in rows] == list(range(1, 7))
+    assert all(r["d_P"] == math.comb(r["k"] + 2, 2) - 1 for r in rows)
+    assert all(r["constant_graph"] for r in rows)
+    assert (out / "theorems.png").is_file() and (out / "theorems.md").is_file()
+
+
+def test_theorems_thm1_and_single_monomial_reported_honestly(theorems):
+    _, data = theorems
+    s1 = [r for r in data["rows"] if r["S"] == 1 and r["claim"] == "Thm 1"]
+    assert len(s1) == 13 and all(r["d_P"] == 1 for r in s1)  # w^k, w^-k, log w
+    mono = {r["k"]: r for r in data["rows"] if r["claim"] == "Thm 2" and r["S"] == 2}
+    assert mono[2]["formula"] == 3 and mono[2]["d_P"] == 5  # the classifier keeps Cor 3's tuple
+    line = [c for c in data["comparisons"] if c["quantity"].startswith("Thm 2, S = 2")][0]
+    assert "differ" in line["ours"] and line["why"] != "—"
+
+
+def test_cli_single_target(tmp_path):
+    assert main(["theorems", "--quick", "--out", str(tmp_path)]) == 0
+    readme = (tmp_path / "README.md").read_text()
+    assert "theorems" in readme and "Not run into this folder yet" in readme
+
+
+@pytest.mark.slow
+def test_quick_all(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "paper_tables", "all", "--quick", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in TARGETS:
+        for ext in ("md", "png", "json"):
+            assert (tmp_path / f"{name}.{ext}").is_file(), f"{name}.{ext}"
+    readme = (tmp_path / "README.md").read_text()
+    assert all(name in readme for name in TARGETS)
