@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -49,20 +48,14 @@ if "--smoke" in sys.argv:  # the interpreter must be chosen before the kernels a
 
 import torch  # noqa: E402
 
+from mcgraph.bench.records import git_commit  # noqa: E402
+
 SIZES = (10**6, 10**7, 10**8)
 SAMPLES = (1, 100, 1000, 10_000)
 CLASSES = 1000
 L2_ROTATE_BYTES = 256 * 2**20  # rotate inputs until the copies exceed this (H100 L2: 50 MiB)
 FIELDS = ("kernel", "P", "M", "device", "version", "commit", "median_ms", "draws_per_s", "bytes_per_s",
           "floor_ms", "floor_kind", "of_floor", "bandwidth_Bps", "randn_draws_per_s")
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
-    except Exception:  # not a git checkout
-        return ""
 
 
 def _version() -> str:
@@ -200,7 +193,7 @@ def run(sizes, samples, max_seconds: float, device, quick: bool):
     bandwidth = measure_bandwidth(device, quick)
     rates: dict[int, float] = {}
     rows, skipped = [], []
-    version, commit = _version(), _commit()
+    version, commit = _version(), git_commit()
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)"
     for P in sizes:
         for M in samples:
