@@ -8,7 +8,8 @@ import pytest
 MODULES = ["mcgraph.api", "mcgraph.diagnostics", "mcgraph.metrics", "mcgraph.distributions.radial",
            "mcgraph.distributions.scale_mixture", "mcgraph.distributions.log_uniform",
            "mcgraph.distributions.logistic", "mcgraph.distributions.rayleigh", "mcgraph.distributions.horseshoe",
-           "mcgraph.models.registry", "mcgraph.backend", "mcgraph.kernels.reference"]
+           "mcgraph.models.registry", "mcgraph.backend", "mcgraph.kernels.reference", "mcgraph.nn.layers",
+           "mcgraph.nn.convert", "mcgraph.nn.variational", "mcgraph.nn.prediction", "mcgraph.nn.likelihood"]
 
 
 @pytest.mark.parametrize("name", MODULES)
