@@ -168,7 +168,9 @@ def _collapsed_term(form, poly: dict, piece: int, keys: set, label: str, exact: 
         G = "Σ_k c_k Σ_j C(k,j) n_kj ∘ t_j"
         n = f"(μ^(k−j) σ^j), j ≤ k ≤ {K}"
         t = f"(mean ξ^j), j ≤ {K}"
-        d_P = max(_cor3_dp(K), 1) if K > 0 else 1
+        # k + 1 products per degree k present: Thm 2 (C(k+1, 1)) for one monomial, Cor 3
+        # (C(K+2, 2) − 1) for a full polynomial of degree K.
+        d_P = max(sum(a + 1 for a, _ in poly if a > 0), 1)
     return TermPlan(label=label, tier=Tier.COLLAPSED, piece=piece, monomials=tuple(poly.items()),
                     stat_keys=tuple(sorted(keys)), tuple_G=G, tuple_n=n, tuple_t=t, d_P=d_P, exact=exact)
 

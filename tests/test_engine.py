@@ -373,6 +373,7 @@ def test_explain_reports_tier_tuple_dp_and_reasons():
     assert plan.tiers == (Tier.COLLAPSED, Tier.FUSED)
     assert plan.terms[0].d_P == math.comb(3 + 2, 2) - 1  # Cor. 3, K = 3, S = 2
     assert "n(θ) = (μ^(k−j) σ^j)" in text and "not collapsible" in text and "d_P = 9" in text
+    assert mg.explain(lambda w: w ** 4, q).terms[0].d_P == 5  # Thm 2, S = 2: C(k+1, 1)
     scaling = mg.explain(lambda w: w ** 3, D.Exponential(torch.ones(3)))
     assert scaling.terms[0].d_P == 1  # Thm 1
     opaque = mg.explain(lambda w: torch.softmax(w, 0), q)
