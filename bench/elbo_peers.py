@@ -45,17 +45,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from mcgraph.bench.records import git_commit
+
 SIZES = (784, 1000, 1000, 10)
 BATCH, DATASET = 32, 60_000
 RHO_INIT = -3.0
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
-    except Exception:  # not a git checkout
-        return ""
 
 
 def _data():
@@ -226,7 +220,7 @@ def measure(provider: str, M: int, reps: int, grad_samples: int) -> dict:
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "rho_grad_rel_err": grad_err, "grad_samples": grad_samples,
         "device": "cpu", "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
-        "torch": torch.__version__, "mcgraph": mg.__version__, "commit": _commit(),
+        "torch": torch.__version__, "mcgraph": mg.__version__, "commit": git_commit(),
     }
 
 
@@ -249,7 +243,7 @@ def interleaved_times(M: int, reps: int) -> dict:
     best = {name: min(t) for name, t in times.items()}
     return {"provider": "interleaved", "M": M, "times_s": times, "mcgraph_s": best["mcgraph"],
             "bayesian_torch_s": best["bayesian-torch"], "ratio": best["mcgraph"] / best["bayesian-torch"],
-            "device": "cpu", "threads": torch.get_num_threads(), "torch": torch.__version__, "commit": _commit()}
+            "device": "cpu", "threads": torch.get_num_threads(), "torch": torch.__version__, "commit": git_commit()}
 
 
 def main(argv=None) -> int:

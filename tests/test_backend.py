@@ -154,7 +154,7 @@ def triton_backend(monkeypatch):
     return api
 
 
-def _close(a, b):
+def _assert_near(a, b):
     torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
@@ -164,10 +164,10 @@ def test_triton_stream_matches_materialised_noise(triton_backend):
     form = mg.family_of(mgd.Radial(torch.zeros(3, 5, dtype=F64), torch.ones(3, 5, dtype=F64)))
     stream = backend.noise_stream(form, 7, 6)
     assert backend.triton_noise(form) == ("radial", form.noise.event_ndims)
-    _close(stream.rows(2, 6), materialize_noise("radial", form.noise_shape, 2, 6, 7, F64,
+    _assert_near(stream.rows(2, 6), materialize_noise("radial", form.noise_shape, 2, 6, 7, F64,
                                                 event_ndims=form.noise.event_ndims))
     rows = torch.cat([r for _, _, r in stream.chunks(4)])
-    _close(rows, stream.rows(0, 6))
+    _assert_near(rows, stream.rows(0, 6))
     assert backend.noise_stream(mg.family_of(D.Gamma(torch.full((3,), 2.0), 1.0)), 0, 4) is None  # no Triton law
 
 
@@ -184,9 +184,9 @@ def test_same_seed_contract_within_triton_backend(triton_backend):
                           for m, c in (("fused", None), ("chunked", 5), ("direct", None))]
     grads = [torch.autograd.grad(r.sum(), [mu, s]) for r in results]
     for r, g in zip(results[1:], grads[1:]):
-        _close(r, results[0])
+        _assert_near(r, results[0])
         for a, b in zip(g, grads[0]):
-            _close(a, b)
+            _assert_near(a, b)
 
 
 def test_collapsed_tier_uses_triton_statistics(triton_backend):
@@ -199,16 +199,16 @@ def test_collapsed_tier_uses_triton_statistics(triton_backend):
 
     a = mg.expectation(fn, q, 16, seed=2, method="collapsed")
     b = mg.expectation(fn, q, 16, seed=2, method="direct")
-    _close(a, b)
+    _assert_near(a, b)
     for ga, gb in zip(torch.autograd.grad(a.sum(), [mu, s]), torch.autograd.grad(b.sum(), [mu, s])):
-        _close(ga, gb)
+        _assert_near(ga, gb)
     form = mg.family_of(q)
     stats = backend.noise_statistics(form, {(1, 0), (2, 0), (3, 0)}, 2, 16)
     from mcgraph.kernels.reference import noise_statistics_reference
 
     want = noise_statistics_reference(backend.noise_stream(form, 2, 16).rows(0, 16), [(1, 0), (2, 0), (3, 0)])
     for k in want:
-        _close(stats[k], want[k])
+        _assert_near(stats[k], want[k])
 
 
 def test_log_prob_hook_forms_and_declines(triton_backend):
@@ -217,10 +217,10 @@ def test_log_prob_hook_forms_and_declines(triton_backend):
     prior = D.Gamma(torch.tensor(2.0, dtype=F64), torch.tensor(1.5, dtype=F64))
     kernel = backend.log_prob_expectation(q, prior, 8, 1)
     direct = mg.expectation(prior.log_prob, q, 8, seed=1, method="direct")
-    _close(kernel, direct)
-    _close(*[torch.autograd.grad(v.sum(), theta, retain_graph=True)[0] for v in (kernel, direct)])
+    _assert_near(kernel, direct)
+    _assert_near(*[torch.autograd.grad(v.sum(), theta, retain_graph=True)[0] for v in (kernel, direct)])
     lq = D.LogNormal(torch.zeros(9, dtype=F64), theta)  # exp form
-    _close(backend.log_prob_expectation(lq, prior, 8, 1), mg.expectation(prior.log_prob, lq, 8, seed=1,
+    _assert_near(backend.log_prob_expectation(lq, prior, 8, 1), mg.expectation(prior.log_prob, lq, 8, seed=1,
                                                                           method="direct"))
     ind = D.Independent(D.Normal(torch.zeros(4, 3, dtype=F64), theta[:3]), 1)
     summed = backend.log_prob_expectation(ind, D.Normal(0.0, 1.0), 8, 1, sum_rightmost=1)
@@ -233,4 +233,4 @@ def test_softmax_dispatch_triton_backend(triton_backend):
     from mcgraph.kernels import softmax_cross_entropy_mc
 
     mean, std, y = torch.randn(3, 6), torch.rand(3, 6), torch.tensor([0, 5, 2])
-    _close(backend.softmax_cross_entropy_mc(mean, std, y, 8, seed=4), softmax_cross_entropy_mc(mean, std, y, 8, 4))
+    _assert_near(backend.softmax_cross_entropy_mc(mean, std, y, 8, seed=4), softmax_cross_entropy_mc(mean, std, y, 8, 4))

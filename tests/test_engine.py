@@ -80,7 +80,7 @@ def test_graph_size_of_a_tensor_equals_that_of_the_callable():
 Z = 4.5
 
 
-def _z_check(estimates: torch.Tensor, truth: torch.Tensor):
+def _assert_unbiased(estimates: torch.Tensor, truth: torch.Tensor):
     err = (estimates - truth).reshape(-1)
     se = err.std() / math.sqrt(err.numel())
     z = float(err.mean() / se)
@@ -92,7 +92,7 @@ def test_normal_normal_kl_is_unbiased(method):
     R, M = 4000, 20
     q = D.Normal(torch.full((R,), 0.3, dtype=F64), torch.full((R,), 0.7, dtype=F64))
     p = D.Normal(t64(-0.2), t64(1.3))
-    _z_check(mg.kl_divergence(q, p, M, seed=1, method=method), D.kl_divergence(q, p))
+    _assert_unbiased(mg.kl_divergence(q, p, M, seed=1, method=method), D.kl_divergence(q, p))
 
 
 def test_expected_abs_is_unbiased_fused():
@@ -103,7 +103,7 @@ def test_expected_abs_is_unbiased_fused():
         torch.tensor(-mu / s)).item())
     est = mg.expectation(torch.abs, q, M, seed=2)
     assert mg.explain(torch.abs, q).tiers == (Tier.FUSED,)
-    _z_check(est, torch.full_like(est, truth))
+    _assert_unbiased(est, torch.full_like(est, truth))
 
 
 def test_lognormal_lognormal_kl_is_unbiased():
@@ -112,7 +112,7 @@ def test_lognormal_lognormal_kl_is_unbiased():
     p = D.LogNormal(t64(0.0), t64(1.0))
     truth = D.kl_divergence(D.Normal(q.loc, q.scale), D.Normal(p.loc, p.scale))
     assert mg.explain(p.log_prob, q).tiers == (Tier.COLLAPSED,)
-    _z_check(mg.kl_divergence(q, p, M, seed=3), truth)
+    _assert_unbiased(mg.kl_divergence(q, p, M, seed=3), truth)
 
 
 def test_gamma_prior_under_exponential_q_is_unbiased():
@@ -125,7 +125,7 @@ def test_gamma_prior_under_exponential_q_is_unbiased():
     truth = (k - 1) * e_log - r / lam + k * math.log(r) - math.lgamma(k)
     est = mg.expectation(p.log_prob, q, M, seed=4)
     assert mg.explain(p.log_prob, q).tiers == (Tier.COLLAPSED,)
-    _z_check(est, torch.full_like(est, truth))
+    _assert_unbiased(est, torch.full_like(est, truth))
 
 
 def test_radial_normal_cross_entropy_is_unbiased():
@@ -139,7 +139,7 @@ def test_radial_normal_cross_entropy_is_unbiased():
     truth = (-0.5 * math.log(2 * math.pi * s ** 2) - ((mu - m) ** 2 + sigma ** 2 / Dm) / (2 * s ** 2)).sum()
     est = mg.expectation(lambda w: p.log_prob(w).sum(-1), q, M, seed=5)
     assert est.shape == (R,)
-    _z_check(est, torch.full_like(est, float(truth)))
+    _assert_unbiased(est, torch.full_like(est, float(truth)))
 
 
 def test_exact_statistics_match_the_chunked_statistics_in_law():
@@ -152,7 +152,7 @@ def test_exact_statistics_match_the_chunked_statistics_in_law():
     assert not torch.allclose(a, b)  # same law, different numbers
     # Var of the estimator: Var(w²)/M = (2σ⁴ + 4μ²σ²)/M = 0.3.
     for est in (a, b):
-        _z_check(est, torch.full_like(est, 1.25))
+        _assert_unbiased(est, torch.full_like(est, 1.25))
         assert abs(float(est.var()) / 0.3 - 1) < 0.15  # 2·sqrt(2/R)·… : 4.7 sd of the sample variance
 
 
@@ -330,7 +330,7 @@ def test_a_new_family_is_one_class_plus_one_registration():
     q = ShiftedExponential(shift, rate)
     assert mg.explain(lambda w: w ** 2, q).tiers == (Tier.COLLAPSED,)
     est = mg.expectation(lambda w: w, q, 10, seed=0)
-    _z_check(est, torch.full_like(est, 1.5))
+    _assert_unbiased(est, torch.full_like(est, 1.5))
 
 
 def test_register_integrand_declares_an_elementwise_op():
@@ -413,7 +413,7 @@ def test_kl_follows_torch_shape_semantics(make_q, make_p, shape):
 def test_kl_matches_torch_closed_form_for_independent_normals():
     q = D.Independent(D.Normal(torch.full((4000, 3), 0.2, dtype=F64), torch.full((4000, 3), 0.5, dtype=F64)), 1)
     p = D.Independent(D.Normal(torch.zeros(3, dtype=F64), torch.ones(3, dtype=F64)), 1)
-    _z_check(mg.kl_divergence(q, p, 16, seed=2), D.kl_divergence(q, p))
+    _assert_unbiased(mg.kl_divergence(q, p, 16, seed=2), D.kl_divergence(q, p))
 
 
 @pytest.mark.parametrize("fn", [

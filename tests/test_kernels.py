@@ -59,7 +59,7 @@ DTYPES = [F32, F64]
 SIZES = [1, 17, 1003]
 
 
-def close(actual, expected, dtype, what=""):
+def assert_near(actual, expected, dtype, what=""):
     rtol = 1e-10 if dtype == F64 else 2e-5
     scale = expected.detach().abs().max().clamp_min(1.0)
     torch.testing.assert_close(actual, expected, rtol=rtol, atol=rtol * float(scale), msg=lambda m: f"{what}: {m}")
@@ -122,7 +122,7 @@ def test_noise_statistics_match_reference(name, keys, size, dtype):
     want = noise_statistics_reference(materialize_noise(name, (size,), 0, M, seed, dtype), keys)
     for key in keys:
         assert got[key].shape == (size,) and got[key].dtype == dtype
-        close(got[key], want[key], dtype, f"{name} {key}")
+        assert_near(got[key], want[key], dtype, f"{name} {key}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -132,7 +132,7 @@ def test_radial_statistics_match_reference(dtype):
     xi = materialize_noise("radial", (3, 17), 0, M, 4, dtype, event_ndims=1)
     want = noise_statistics_reference(xi, keys)
     for key in keys:
-        close(got[key], want[key], dtype, f"radial {key}")
+        assert_near(got[key], want[key], dtype, f"radial {key}")
 
 
 def test_noise_statistics_bad_input():
@@ -209,12 +209,12 @@ def _check_fused(prior, form, noise, size, dtype, M=12, seed=7, event_ndims=0, s
     got = fused_log_prob_expectation(prior, loc, scale, form, M, seed, noise=noise, event_ndims=event_ndims)
     xi = materialize_noise(noise, shape or (size,), 0, M, seed, dtype, event_ndims=event_ndims)
     want = log_prob_expectation_reference(prior, loc, scale, form, xi)
-    close(got, want, dtype, "value")
+    assert_near(got, want, dtype, "value")
     weights = torch.linspace(0.5, 1.5, got.numel(), dtype=dtype).reshape(got.shape)
     g_got = torch.autograd.grad((got * weights).sum(), leaves)
     g_want = torch.autograd.grad((want * weights).sum(), leaves)
     for k, (a, b) in enumerate(zip(g_got, g_want)):
-        close(a, b, dtype, f"gradient {k}")
+        assert_near(a, b, dtype, f"gradient {k}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -241,9 +241,9 @@ def test_fused_elementwise_prior_parameters_and_radial_noise(dtype):
     got = fused_log_prob_expectation(prior, loc, scale, "location_scale", 8, 5, noise="radial", event_ndims=1)
     xi = materialize_noise("radial", (3, 17), 0, 8, 5, dtype, event_ndims=1)
     want = log_prob_expectation_reference(prior, loc, scale, "location_scale", xi)
-    close(got, want, dtype, "value")
+    assert_near(got, want, dtype, "value")
     for a, b in zip(torch.autograd.grad(got.sum(), leaves), torch.autograd.grad(want.sum(), leaves)):
-        close(a, b, dtype, "gradient")
+        assert_near(a, b, dtype, "gradient")
 
 
 def test_fused_independent_prior_sums_its_event():
@@ -252,7 +252,7 @@ def test_fused_independent_prior_sums_its_event():
     got = fused_log_prob_expectation(prior, loc, scale, "location_scale", 4, 0)
     base = fused_log_prob_expectation(prior.base_dist, loc, scale, "location_scale", 4, 0)
     assert got.shape == (4,)
-    close(got, base.sum(-1), F64)
+    assert_near(got, base.sum(-1), F64)
 
 
 def test_fused_bad_input():
@@ -294,11 +294,11 @@ def test_softmax_mc_matches_reference(B, K, block_k, dtype):
     got = softmax_cross_entropy_mc(mean, std, targets, M, seed, block_k=block_k)
     eps = materialize_noise("normal", (B, K), 0, M, seed, dtype)
     want = softmax_cross_entropy_reference(mean, std, targets, eps)
-    close(got, want, dtype, "loss")
+    assert_near(got, want, dtype, "loss")
     w = torch.linspace(0.5, 1.5, B, dtype=dtype)
     for a, b in zip(torch.autograd.grad((got * w).sum(), [mean, std]),
                     torch.autograd.grad((want * w).sum(), [mean, std])):
-        close(a, b, dtype, "gradient")
+        assert_near(a, b, dtype, "gradient")
 
 
 def test_softmax_mc_lead_dims_and_no_grad():
@@ -307,7 +307,7 @@ def test_softmax_mc_lead_dims_and_no_grad():
     loss = softmax_cross_entropy_mc(mean, std, targets, 4, 0)
     assert loss.shape == (2, 3) and loss.grad_fn is None
     flat = softmax_cross_entropy_mc(mean.reshape(6, 5), std.reshape(6, 5), targets.reshape(6), 4, 0)
-    close(loss.reshape(6), flat, F32)
+    assert_near(loss.reshape(6), flat, F32)
 
 
 def test_softmax_mc_bad_input():
