@@ -19,13 +19,14 @@ import json
 import math
 import os
 import platform
-import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
+
+from mcgraph.bench.records import git_commit
 
 PAPER = ("Nazarovs, Mehta, Lokhande, Singh. Graph Reparameterizations for Enabling 1000+ Monte Carlo "
          "Iterations in Bayesian Deep Neural Networks. UAI 2021")
@@ -113,16 +114,6 @@ def load_result(out_dir: str | os.PathLike, target: str) -> TargetResult:
     return result
 
 
-def git_commit() -> str:
-    """``git describe --always --dirty`` of this checkout, or ``""``."""
-    try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"],
-                             cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return out.stdout.strip() if out.returncode == 0 else ""
-
-
 def environment() -> dict:
     """Versions and machine facts recorded with every target."""
     load = None
@@ -131,7 +122,7 @@ def environment() -> dict:
     except (OSError, AttributeError):
         pass
     return {"torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
-            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "commit": git_commit(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "commit": git_commit(Path(__file__).parent),
             "load_average_1min_at_start": load, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 

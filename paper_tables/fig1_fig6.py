@@ -155,9 +155,9 @@ def fig5_loop(case, name: str, num_samples: int, seed: int) -> dict:
             "note": "M whole forward/backward passes (the paper's Fig. 5 loop)"}
 
 
-NOISE = ("Times are one timed repeat per point on a 2-core machine shared with other jobs (load average "
-         "2–6 while measuring), so ratios carry large noise; the memory numbers and the value/gradient "
-         "agreement are exact")
+NOISE = ("Times are one timed repeat per point (median of 1) on a 2-core CPU that other jobs may share: "
+         "see the load average in the environment table; the memory numbers and the value/gradient agreement "
+         "are exact")
 PAPER_M = {"densenet121": 89, "resnet50": 17, "vgg16": 5}
 
 
