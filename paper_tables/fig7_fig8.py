@@ -282,6 +282,13 @@ def report(out_dir, result: TargetResult) -> dict:
     _noise_section(result, result.rows.get("gradient_noise"), next((r.get("train_examples") for r in runs), None))
     if small_agg:
         _small_n_sections(result, small_runs, small_agg, small)
+    every = runs + small_runs
+    reused = sum(bool(r.get("cached")) for r in every)
+    compute = sum(r["train_seconds"] + r["predict_seconds"] for r in every)
+    result.section("Compute", f"{len(every)} training runs; {reused} of them reused from the cache of an earlier "
+                   f"invocation with the same configuration. Training and prediction took {compute:.0f} s in all "
+                   "(summed over the runs as they were measured); the wall time at the top counts only this "
+                   "invocation.")
     return write_target(out_dir, result, plot)
 
 

@@ -133,3 +133,28 @@ def test_quick_all(tmp_path):
         assert record["quick"] is True and record["comparisons"], name
     readme = (tmp_path / "README.md").read_text()
     assert all(name in readme for name in TARGETS)
+
+
+def _run(M: int, seed: int, acc: list, size: list) -> dict:
+    from paper_tables.fig7_fig8 import THRESHOLDS
+
+    pad = len(THRESHOLDS) - len(acc)
+    return {"M": M, "seed": seed, "accuracy": acc[0], "train_seconds": 1.0,
+            "conf_accuracy": acc + [None] * pad, "conf_size": size + [0.0] * pad}
+
+
+def test_fig7_fig8_aggregate_and_delta():
+    """Mean ± sample std over seeds per threshold; Δ(100 − 1) in points with its standard error;
+    empty sets (None) are left out of the mean and counted."""
+    from paper_tables.fig7_fig8 import _delta, aggregate
+
+    runs = [_run(1, 0, [0.90, 0.95], [1.0, 0.5]), _run(1, 1, [0.92, None], [1.0, 0.0]),
+            _run(100, 0, [0.94, 0.97], [1.0, 0.6]), _run(100, 1, [0.96, 0.99], [1.0, 0.4])]
+    agg = aggregate(runs, (1, 100))
+    assert agg[1]["acc_mean"][0] == pytest.approx(0.91) and agg[1]["acc_n"][:2] == [2, 1]
+    assert agg[1]["acc_mean"][1] == pytest.approx(0.95)
+    assert agg[100]["acc_std"][0] == pytest.approx(math.sqrt(2) * 0.01)
+    assert agg[100]["size_mean"][1] == pytest.approx(0.5)
+    d, se = _delta(agg, 0)
+    assert d == pytest.approx(4.0)
+    assert se == pytest.approx(100 * math.sqrt(2 * 0.0002 / 2))
