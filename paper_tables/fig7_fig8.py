@@ -396,43 +396,45 @@ def _compare(result: TargetResult, agg: dict, small_agg: dict, lenet: dict | Non
                        "direct is not memory-bound here, so the middle arm keeps the paper's M = 17")
 
 
-def _sections(result: TargetResult, runs: list, agg: dict, s: dict) -> None:
+def _accuracy_rows(agg: dict) -> tuple[tuple, list]:
+    """Header and rows of Table 2's layout: accuracy (all) and of the ≥ τ set, mean ± std over seeds."""
     idx = [THRESHOLDS.index(t) for t in TABLE2_THRESHOLDS]
-    rows = []
-    for M, a in agg.items():
-        rows.append((f"M = {M}", f"{100 * a['accuracy_mean']:.2f} ± {100 * a['accuracy_std']:.2f}")
-                    + tuple(_fmt(a["acc_mean"][j], a["acc_std"][j], a["acc_n"][j]) for j in idx)
-                    + (f"{a['train_seconds']:.0f} s",))
-    result.section("Confidence-set accuracy (%), mean ± std over seeds (Table 2's layout)", md_table(
-        ("arm", "accuracy (all)") + tuple(f"τ = {t}" for t in TABLE2_THRESHOLDS) + ("train time / run",), rows))
+    header = ("arm", "accuracy (all)") + tuple(f"τ = {t}" for t in TABLE2_THRESHOLDS) + ("train time / run",)
+    rows = [(f"M = {M}", f"{100 * a['accuracy_mean']:.2f} ± {100 * a['accuracy_std']:.2f}")
+            + tuple(_fmt(a["acc_mean"][j], a["acc_std"][j], a["acc_n"][j]) for j in idx)
+            + (f"{a['train_seconds']:.0f} s",) for M, a in agg.items()]
+    return header, rows
+
+
+def _size_rows(agg: dict) -> tuple[tuple, list]:
+    """Header and rows of the confidence-set size (% of the test set), mean ± std over seeds."""
+    idx = [THRESHOLDS.index(t) for t in TABLE2_THRESHOLDS]
     rows = [(f"M = {M}",) + tuple(f"{100 * a['size_mean'][j]:.1f} ± {100 * a['size_std'][j]:.1f}" for j in idx)
             for M, a in agg.items()]
-    result.section("Confidence-set size (% of test examples), mean ± std over seeds", md_table(
-        ("arm",) + tuple(f"τ = {t}" for t in TABLE2_THRESHOLDS), rows))
-    result.section("Runs", md_table(
+    return ("arm",) + tuple(f"τ = {t}" for t in TABLE2_THRESHOLDS), rows
+
+
+def _runs_table(runs: list) -> str:
+    return md_table(
         ("M", "seed", "accuracy", "final loss", "final KL", "train s", "predict s", "cached"),
         [(r["M"], r["seed"], f"{100 * r['accuracy']:.2f}", f"{r['final_loss']:.4g}" if r.get("final_loss") else "",
           f"{r['final_kl']:.4g}" if r.get("final_kl") else "", f"{r['train_seconds']:.1f}",
-          f"{r['predict_seconds']:.1f}", r.get("cached", False)) for r in runs]))
+          f"{r['predict_seconds']:.1f}", r.get("cached", False)) for r in runs])
+
+
+def _sections(result: TargetResult, runs: list, agg: dict, s: dict) -> None:
+    result.section("Confidence-set accuracy (%), mean ± std over seeds (Table 2's layout)",
+                   md_table(*_accuracy_rows(agg)))
+    result.section("Confidence-set size (% of test examples), mean ± std over seeds", md_table(*_size_rows(agg)))
+    result.section("Runs", _runs_table(runs))
 
 
 def _small_n_sections(result: TargetResult, runs: list, agg: dict, small: dict) -> None:
-    idx = [THRESHOLDS.index(t) for t in TABLE2_THRESHOLDS]
-    n = small["limit_train"]
-    rows = [(f"M = {M}", f"{100 * a['accuracy_mean']:.2f} ± {100 * a['accuracy_std']:.2f}")
-            + tuple(_fmt(a["acc_mean"][j], a["acc_std"][j], a["acc_n"][j]) for j in idx)
-            + tuple(f"{100 * a['size_mean'][j]:.1f}" for j in idx[::2]) + (f"{a['train_seconds']:.0f} s",)
-            for M, a in agg.items()]
-    result.section(f"Small-N regime: N = {n} training examples (Table 2: ≈ {SMALL_N}), {small['epochs']} epochs, "
-                   f"batch {small['batch']}", "Accuracy (%) of the ≥ τ set, mean ± std over seeds, then the set's "
-                   "size (% of the test set) at every other threshold.\n\n" + md_table(
-                       ("arm", "accuracy (all)") + tuple(f"acc τ = {t}" for t in TABLE2_THRESHOLDS)
-                       + tuple(f"size τ = {t}" for t in TABLE2_THRESHOLDS[::2]) + ("train time / run",), rows)
-                   + "\n\n" + md_table(("M", "seed", "accuracy", "final loss", "final KL", "train s", "cached"),
-                                        [(r["M"], r["seed"], f"{100 * r['accuracy']:.2f}",
-                                          f"{r['final_loss']:.4g}" if r.get("final_loss") else "",
-                                          f"{r['final_kl']:.4g}" if r.get("final_kl") else "",
-                                          f"{r['train_seconds']:.1f}", r.get("cached", False)) for r in runs]))
+    result.section(f"Small-N regime: N = {small['limit_train']} training examples (Table 2: ≈ {SMALL_N}), "
+                   f"{small['epochs']} epochs, batch {small['batch']}",
+                   "Accuracy (%) of the ≥ τ set, then the set's size (% of the test set), mean ± std over seeds; "
+                   "then every run.\n\n" + md_table(*_accuracy_rows(agg)) + "\n\n" + md_table(*_size_rows(agg))
+                   + "\n\n" + _runs_table(runs))
 
 
 def _noise_section(result: TargetResult, noise: dict | None, n_train) -> None:
