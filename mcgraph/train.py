@@ -74,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kl-schedule", default="constant", choices=["constant", "linear", "blundell"])
     p.add_argument("--kl-weight", type=float, default=1.0, help="β of the constant / final β of the linear schedule")
     p.add_argument("--warmup-epochs", type=float, default=1.0, help="length of the linear KL warm-up")
-    p.add_argument("--rho-init", type=float, default=-5.0, help="initial ρ (σ = softplus(ρ))")
+    p.add_argument("--rho-init", type=float, default=-5.0, help="initial ρ (σ = softplus(ρ) by default)")
+    p.add_argument("--scale-transform", default="softplus",
+                   help="how σ is derived from ρ: softplus (default), exp (ρ = log σ), exp_half (ρ = log σ²)")
     p.add_argument("--local-reparameterization", action="store_true")
     p.add_argument("--flipout", action="store_true")
     p.add_argument("--deterministic", action="store_true", help="train the plain network (baseline)")
@@ -120,7 +122,8 @@ def build_model(args, input_shape: tuple[int, ...], num_classes: int) -> nn.Modu
 
     return mnn.bayesify(model, posterior=args.posterior, prior=_prior(args), kl_samples=args.kl_samples,
                         init_from_weights=False, local_reparameterization=args.local_reparameterization,
-                        flipout=args.flipout, rho_init=args.rho_init, inplace=True)
+                        flipout=args.flipout, rho_init=args.rho_init,
+                        scale_transform=args.scale_transform, inplace=True)
 
 
 def _is_bayesian(model: nn.Module) -> bool:

@@ -9,7 +9,8 @@ MODULES = ["mcgraph.api", "mcgraph.diagnostics", "mcgraph.metrics", "mcgraph.dis
            "mcgraph.distributions.scale_mixture", "mcgraph.distributions.log_uniform",
            "mcgraph.distributions.logistic", "mcgraph.distributions.rayleigh", "mcgraph.distributions.horseshoe",
            "mcgraph.models.registry", "mcgraph.backend", "mcgraph.kernels.reference", "mcgraph.nn.layers",
-           "mcgraph.nn.convert", "mcgraph.nn.variational", "mcgraph.nn.prediction", "mcgraph.nn.likelihood"]
+           "mcgraph.nn.convert", "mcgraph.nn.variational", "mcgraph.nn.prediction", "mcgraph.nn.likelihood",
+           "mcgraph.nn.scales"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -20,6 +20,7 @@ from .likelihood import (LIKELIHOODS, SoftmaxCrossEntropyMC, expected_log_likeli
                          softmax_cross_entropy_mc)
 from .prediction import Prediction, can_vectorize, forward_samples, predict
 from .priors import POSTERIORS, PRIORS, make_prior, register_posterior, register_prior
+from .scales import SCALE_TRANSFORMS, ScaleTransform, register_scale_transform, scale_transform, softplus_beta
 
 __all__ = [
     "BayesConv", "BayesConv1d", "BayesConv2d", "BayesConv3d", "BayesConvTranspose", "BayesConvTranspose1d",
@@ -28,5 +29,6 @@ __all__ = [
     "Prediction", "SampleMode", "SampleRun", "SoftmaxCrossEntropyMC", "WholeNetworkMC", "bayesian_modules",
     "bayesify", "can_vectorize", "default_chunk", "elbo", "elbo_terms", "expected_data_term", "expected_log_likelihood",
     "forward_samples", "freeze", "frozen", "kl", "kl_schedule", "log_likelihood", "make_prior", "predict",
-    "register_posterior", "register_prior", "sample_run", "set_mode", "softmax_cross_entropy_mc", "unfreeze",
+    "register_posterior", "register_prior", "register_scale_transform", "sample_run", "scale_transform",
+    "set_mode", "softmax_cross_entropy_mc", "softplus_beta", "unfreeze", "SCALE_TRANSFORMS", "ScaleTransform",
 ]

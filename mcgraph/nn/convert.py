@@ -32,7 +32,8 @@ def _target(module: nn.Module):
 
 def bayesify(model: nn.Module, *, posterior="normal", prior="normal", kl_samples: int = 1,
              init_from_weights: bool = True, local_reparameterization: bool = False, flipout: bool = False,
-             bayesian_bias: bool = False, rho_init: float = -5.0, skip=(), inplace: bool = False) -> nn.Module:
+             bayesian_bias: bool = False, rho_init: float = -5.0, scale_transform="softplus", skip=(),
+             inplace: bool = False) -> nn.Module:
     """Replace every ``Linear`` / ``Conv*`` / ``ConvTranspose*`` of ``model`` by its Bayesian layer.
 
     Other modules (BatchNorm, pooling, activations, …) are left as they are, so
@@ -42,7 +43,7 @@ def bayesify(model: nn.Module, *, posterior="normal", prior="normal", kl_samples
     Args:
         model: any ``nn.Module`` (a single ``Linear``/``Conv`` is converted too).
         posterior, prior, kl_samples, local_reparameterization, flipout, bayesian_bias,
-            rho_init: the options of :class:`~mcgraph.nn.BayesLayer`, given to every layer.
+            rho_init, scale_transform: the options of :class:`~mcgraph.nn.BayesLayer`, given to every layer.
         init_from_weights: μ (and the bias) copied from the trained weights; otherwise
             μ is freshly initialised.
         skip: qualified module names (as in ``model.named_modules()``) to keep deterministic,
@@ -74,7 +75,7 @@ def bayesify(model: nn.Module, *, posterior="normal", prior="normal", kl_samples
         model = copy.deepcopy(model)
     options = dict(posterior=posterior, prior=prior, kl_samples=kl_samples,
                    local_reparameterization=local_reparameterization, flipout=flipout,
-                   bayesian_bias=bayesian_bias, rho_init=rho_init)
+                   bayesian_bias=bayesian_bias, rho_init=rho_init, scale_transform=scale_transform)
 
     def convert(module: nn.Module):
         cls = _target(module)

@@ -3,7 +3,8 @@
 Every layer holds a variational posterior over its weight,
 
 .. math::
-    q(W) = \\text{posterior}(\\mu, \\sigma), \\qquad \\sigma = \\operatorname{softplus}(\\rho),
+    q(W) = \\text{posterior}(\\mu, \\sigma), \\qquad \\sigma = t(\\rho)
+    \\;(\\text{default } t = \\operatorname{softplus}, \\text{ see } :mod:`mcgraph.nn.scales`),
 
 built on demand by :meth:`BayesLayer.posterior`, and a prior ``p(W)``
 (:attr:`BayesLayer.prior`). ``forward`` returns only the output; the KL term is
@@ -47,6 +48,7 @@ from ..families import GenericForm, SamplingForm, family_of
 from ..noise import mix_seed, resolve_seed
 from .context import NoiseKind, current_capture, current_window, form_noise_global, normal_draw, rademacher
 from .priors import make_prior, resolve_posterior
+from .scales import scale_transform as resolve_scale_transform
 
 __all__ = ["SampleMode", "BayesLayer", "BayesLinear", "BayesConv", "BayesConv1d", "BayesConv2d",
            "BayesConv3d", "BayesConvTranspose", "BayesConvTranspose1d", "BayesConvTranspose2d",
@@ -111,11 +113,15 @@ class BayesLayer(nn.Module):
             2018; location-scale posteriors without a transform).
         bayesian_bias: give the bias a posterior (same family) and a KL term; by
             default it is a deterministic point estimate.
-        rho_init: initial ρ; σ = softplus(ρ) (−5 gives σ ≈ 0.0067).
+        rho_init: initial ρ; σ = softplus(ρ) (−5 gives σ ≈ 0.0067) under the default transform.
+        scale_transform: how σ is derived from ρ: a name of
+            :data:`mcgraph.nn.SCALE_TRANSFORMS` (``"softplus"``, ``"exp"``: ρ = log σ,
+            ``"exp_half"``: ρ = log σ²) or a :class:`~mcgraph.nn.ScaleTransform`
+            (:func:`~mcgraph.nn.softplus_beta` for a softplus with β).
         device, dtype: factory arguments of the parameters.
 
     Attributes:
-        weight_mu, weight_rho: the posterior parameters of the weight.
+        weight_mu, weight_rho: the posterior parameters of the weight (σ = ``scale_transform(ρ)``).
         bias: the deterministic bias (``None`` when absent or Bayesian).
         bias_mu, bias_rho: the posterior parameters of a Bayesian bias (else ``None``).
         mode: :class:`SampleMode` (``"sample"`` or ``"mean"``).
@@ -125,7 +131,8 @@ class BayesLayer(nn.Module):
 
     def __init__(self, weight_shape, out_channels: int, bias: bool, *, posterior="normal", prior="normal",
                  kl_samples: int = 1, local_reparameterization: bool = False, flipout: bool = False,
-                 bayesian_bias: bool = False, rho_init: float = -5.0, device=None, dtype=None) -> None:
+                 bayesian_bias: bool = False, rho_init: float = -5.0, scale_transform="softplus", device=None,
+                 dtype=None) -> None:
         super().__init__()
         fk = {"device": device, "dtype": dtype}
         self.weight_mu = nn.Parameter(torch.empty(weight_shape, **fk))
@@ -147,6 +154,7 @@ class BayesLayer(nn.Module):
         if not isinstance(rho_init, numbers.Real):
             raise ValueError(f"rho_init must be a real number, got {rho_init!r}")
         self.rho_init = float(rho_init)
+        self.scale_transform = resolve_scale_transform(scale_transform)
         self.mode = SampleMode.SAMPLE
         self.reset_parameters()
         self._check_options()
@@ -192,15 +200,15 @@ class BayesLayer(nn.Module):
 
     @property
     def weight_sigma(self) -> torch.Tensor:
-        """σ = softplus(ρ) (``torch.nn.functional.softplus`` is stable for large |ρ|)."""
-        return F.softplus(self.weight_rho)
+        """σ = ``scale_transform(ρ)`` (default softplus, stable for large |ρ|)."""
+        return self.scale_transform(self.weight_rho)
 
     @property
     def bias_sigma(self) -> torch.Tensor | None:
-        return None if self.bias_rho is None else F.softplus(self.bias_rho)
+        return None if self.bias_rho is None else self.scale_transform(self.bias_rho)
 
     def posterior(self) -> Distribution:
-        """q(W) = posterior(weight_mu, softplus(weight_rho)), differentiable in both.
+        """q(W) = posterior(weight_mu, scale_transform(weight_rho)), differentiable in both.
 
         Built without argument validation (σ > 0 by construction; validation would
         synchronise with the device on every forward).
@@ -405,6 +413,8 @@ class BayesLayer(nn.Module):
             getattr(self.posterior_family, "__name__", type(self.posterior_family).__name__)
         prior = self.prior_spec if isinstance(self.prior_spec, str) else type(self.prior_spec).__name__
         flags = [f"posterior={family}", f"prior={prior}", f"kl_samples={self.kl_samples}"]
+        if self.scale_transform.name != "softplus":
+            flags.append(f"scale_transform={self.scale_transform}")
         if self.local_reparameterization:
             flags.append("local_reparameterization=True")
         if self.flipout:
@@ -425,7 +435,7 @@ class BayesLinear(BayesLayer):
         bias: whether to add a (deterministic, unless ``bayesian_bias``) bias.
         **options: the keyword arguments of :class:`BayesLayer` (``posterior``, ``prior``,
             ``kl_samples``, ``local_reparameterization``, ``flipout``, ``bayesian_bias``,
-            ``rho_init``, ``device``, ``dtype``).
+            ``rho_init``, ``scale_transform``, ``device``, ``dtype``).
 
     Shape:
         Input ``(N, *, in_features)``; output ``(N, *, out_features)``.
