@@ -67,7 +67,11 @@ def _weight_names(module: nn.Module):
 
 
 def _prior(module: nn.Module, role: str) -> Normal:
-    return Normal(getattr(module, f"prior_{role}_mu"), getattr(module, f"prior_{role}_sigma"), validate_args=False)
+    loc, scale = getattr(module, f"prior_{role}_mu"), getattr(module, f"prior_{role}_sigma")
+    if loc.shape != scale.shape:  # bayesian-torch 0.5.0's ConvTranspose{1,2,3}dFlipout: sigma in the Conv layout
+        raise ValueError(f"prior_{role}_mu has shape {tuple(loc.shape)} but prior_{role}_sigma has shape "
+                         f"{tuple(scale.shape)}")
+    return Normal(loc, scale, validate_args=False)
 
 
 def _per_tensor_mean(found: Sequence[VariationalSite], values: Sequence[torch.Tensor]) -> torch.Tensor:

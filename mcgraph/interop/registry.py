@@ -84,7 +84,10 @@ class VariationalSite:
         Raises:
             ValueError: the prior's shape does not broadcast with the tensor (names the site).
         """
-        dist = self.make_prior()
+        try:
+            dist = self.make_prior()
+        except (RuntimeError, ValueError) as e:  # e.g. prior buffers whose shapes do not broadcast
+            raise ValueError(f"prior of site {self.name!r} ({self.library}): {e}") from e
         shape = dist.batch_shape + dist.event_shape
         try:
             torch.broadcast_shapes(shape, self.loc.shape)
