@@ -68,6 +68,7 @@ class TorchUncertaintyAdapter(LibraryAdapter):
     name = NAME
     pip = "torch-uncertainty"
     packages = ("torch_uncertainty",)
+    reductions = {"layer_mean": _layer_mean}
 
     def owns(self, module: nn.Module) -> bool:
         names = class_names(module)
