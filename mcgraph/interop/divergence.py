@@ -5,7 +5,7 @@
 
 Each site's term is :func:`site_kl`: torch's closed form where torch has a rule for the
 pair (Normal‖Normal: exact, as bayesian-torch and torchbnn compute it), otherwise
-:func:`mcgraph.kl_divergence` with M samples (scale mixtures, floored densities, Laplace,
+:func:`mcgraph.kl_divergence` with M samples (scale mixtures, floored densities,
 Student-t, …), whose autograd graph does not grow with M. Parameters are read when called
 (nothing is cached) and gradients land on the Parameters the user's optimizer holds; the
 foreign model is not modified. Site ``i`` uses the noise seed ``mix(seed, i)``.

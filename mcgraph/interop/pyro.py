@@ -4,7 +4,7 @@
 site's KL(q ‖ p) with :func:`site_kl`: torch's closed form where torch has a rule
 (``kl_method="auto"``, the default), otherwise mcgraph's ``kl_samples``-sample estimate, whose
 graph does not grow with the number of samples. Where ``TraceMeanField_ELBO`` falls back to a
-**one-sample** estimate (a scale-mixture, Laplace or Student-t prior; and Pyro's own
+**one-sample** estimate (a scale-mixture, Student-t, Cauchy or log-normal prior; and Pyro's own
 ``AutoNormal``, whose sites are ``Delta``\\ s behind auxiliary ``<name>_unconstrained`` Normal
 sites) it gets the M-sample estimate, or the exact KL: for a real-support ``AutoNormal`` site the
 auxiliary Normal is taken as the site's posterior. It works with hand-written guides,
@@ -24,12 +24,12 @@ Example:
     >>> from pyro.infer.autoguide import AutoNormal
     >>> from mcgraph.interop.pyro import MeanFieldELBO
     >>> def model(x):
-    ...     w = pyro.sample("w", dist.Laplace(0.0, 1.0).expand([3]).to_event(1))
+    ...     w = pyro.sample("w", dist.StudentT(3.0, 0.0, 1.0).expand([3]).to_event(1))
     ...     pyro.sample("y", dist.Normal(x @ w, 1.0).to_event(1), obs=torch.ones(4))
     >>> pyro.clear_param_store()
     >>> guide = AutoNormal(model)
     >>> svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), loss=MeanFieldELBO(kl_samples=256))
-    >>> loss = svi.step(torch.randn(4, 3))       # KL(Normal ‖ Laplace) from 256 samples, not one
+    >>> loss = svi.step(torch.randn(4, 3))       # KL(Normal ‖ StudentT) from 256 samples, not one
 """
 
 from __future__ import annotations
@@ -202,7 +202,7 @@ def _has_rule(q_type: type, p_type: type) -> bool:
 def register_mc_kl(q_type: type, p_type: type, num_samples: int, *, method: str = "auto"):
     """Register mcgraph's M-sample KL(q ‖ p) with ``torch.distributions.register_kl`` (global, permanent).
 
-    For a pair torch has no rule for (Normal ‖ Laplace, Normal ‖ StudentT, Normal ‖
+    For a pair torch has no rule for (Normal ‖ StudentT, Normal ‖ Cauchy, Normal ‖
     ``ScaleMixtureNormal`` or ``MixtureSameFamily``, …): afterwards every
     ``torch.distributions.kl_divergence(q, p)`` call, Pyro's ``TraceMeanField_ELBO`` included,
     returns :func:`mcgraph.kl_divergence` with ``num_samples`` samples (noise from torch's global

@@ -4,7 +4,7 @@ TyXe builds a Pyro model and guide around a PyTorch network. ``VariationalBNN.fi
 its own ``TraceMeanField_ELBO`` and takes no loss argument, so :func:`fit` is the same loop
 (train mode on, one ``SVI.step`` per batch, the callback after every epoch with the mean
 ELBO, returning the ``SVI``) with :class:`mcgraph.interop.pyro.MeanFieldELBO`: closed-form KL
-where torch has one, mcgraph's M-sample estimate otherwise (a scale-mixture or Laplace prior).
+where torch has one, mcgraph's M-sample estimate otherwise (a scale-mixture or Student-t prior).
 
 TyXe 0.0.2's own ``tyxe.guides.AutoNormal`` calls ``pyro.util.deep_getattr``, which Pyro 1.9
 removed: with Pyro ≥ 1.9 build the guide with Pyro's ``AutoNormal`` (as below), whose sites
@@ -14,7 +14,7 @@ Example:
     >>> import torch, pyro, tyxe
     >>> from mcgraph.interop.tyxe import fit
     >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
-    >>> prior = tyxe.priors.IIDPrior(pyro.distributions.Laplace(0.0, 1.0))
+    >>> prior = tyxe.priors.IIDPrior(pyro.distributions.StudentT(3.0, 0.0, 1.0))
     >>> bnn = tyxe.VariationalBNN(net, prior, tyxe.likelihoods.Categorical(dataset_size=8),
     ...                           pyro.infer.autoguide.AutoNormal)
     >>> data = [(torch.randn(8, 4), torch.randint(0, 3, (8,)))]
