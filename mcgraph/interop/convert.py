@@ -16,6 +16,17 @@ and buffer tensors, hooks and attributes), so the converted model's ``forward`` 
 original's. A module of the foreign library that is not a convertible layer (a recurrent
 layer, a layer whose ``forward`` returns ``(out, kl)``, a Bayesian BatchNorm, …) is refused
 with a ``TypeError`` that says why and what to do instead.
+
+Example:
+    >>> import torch, mcgraph as mg
+    >>> from mcgraph.interop.convert import to_mcgraph
+    >>> from blitz.modules import BayesianConv2d
+    >>> net = torch.nn.Sequential(BayesianConv2d(1, 2, (3, 3)), torch.nn.Flatten())
+    >>> bnn = to_mcgraph(net, "blitz", kl_samples=100)
+    >>> type(bnn[0]).__name__, bnn[0].weight_rho is net[0].weight_sampler.rho
+    ('BayesConv', True)
+    >>> mg.nn.predict(bnn, torch.randn(2, 1, 5, 5), num_samples=8).shape
+    torch.Size([2, 18])
 """
 
 from __future__ import annotations

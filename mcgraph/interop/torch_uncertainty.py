@@ -16,11 +16,13 @@ element, its prior does not): a constant that leaves the gradients alone. :func:
 ``"sum"`` is the KL. The adapter never imports torch-uncertainty (its package ``__init__``
 imports lightning and torchvision); it reads the layers' attributes.
 
-Example:
-    >>> import torch, mcgraph.interop.torch_uncertainty as itu
-    >>> from torch_uncertainty.layers.bayesian import BayesLinear      # doctest: +SKIP
-    >>> net = torch.nn.Sequential(BayesLinear(4, 8, prior_pi=0.5), torch.nn.ReLU(), BayesLinear(8, 3))  # doctest: +SKIP
-    >>> itu.kl(net, 1000, reduction="layer_mean")                      # doctest: +SKIP
+Example (``torch_uncertainty`` itself needs lightning and torchvision to import)::
+
+    import torch, mcgraph.interop.torch_uncertainty as itu
+    from torch_uncertainty.layers.bayesian import BayesLinear
+    net = torch.nn.Sequential(BayesLinear(4, 8, prior_pi=0.5), torch.nn.ReLU(), BayesLinear(8, 3))
+    kl = itu.kl(net, 1000, reduction="layer_mean")     # what KLDiv(net)() estimates from one sample
+    bnn = itu.to_mcgraph(net, kl_samples=1000)
 """
 
 from __future__ import annotations
