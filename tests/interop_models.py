@@ -87,6 +87,19 @@ def mcgraph_data_term_reference(model, x, y, num_samples: int, seed: int) -> tor
     return total / num_samples
 
 
+def assert_data_term_gradients_match(bnn, params, x, y, num_samples: int, seed: int, chunk_size: int) -> None:
+    """``mg.nn.expected_data_term``'s gradients w.r.t. ``params`` equal the per-sample reference (rtol 1e-5)."""
+    import mcgraph as mg
+
+    for p in params:
+        p.grad = None
+    (-mg.nn.expected_data_term(bnn, x, y, num_samples=num_samples, seed=seed, chunk_size=chunk_size)).backward()
+    got = [p.grad.clone() for p in params]
+    ref = torch.autograd.grad(mcgraph_data_term_reference(bnn, x, y, num_samples, seed), params)
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-12)
+
+
 def mean_and_standard_error(values) -> tuple[float, float]:
     v = torch.as_tensor(values, dtype=torch.float64)
     return float(v.mean()), float(v.std() / math.sqrt(v.numel()))
