@@ -184,7 +184,7 @@ def build(provider: str):
     raise ValueError(f"provider must be one of {PROVIDERS}, got {provider!r}")
 
 
-# --------------------------------------------------------------------------- ρ-gradient against the per-sample reference
+# --------------------------------------------------------------------------- ρ-gradient against the reference
 
 
 def mcgraph_grad_error(model, M: int, method: str = "chunked") -> float:
@@ -245,8 +245,8 @@ def peer_grad_error(provider: str, model, M: int) -> float:
     got = params[0][1].grad.clone()
     loss = 0
     for i in range(M):
-        pairs = [(mu + torch.log1p(torch.exp(rho)) * drawn[k][i][0], bmu + torch.log1p(torch.exp(brho)) * drawn[k][i][1])
-                 for k, (mu, rho, bmu, brho) in enumerate(params)]
+        pairs = [(mu + torch.log1p(torch.exp(rho)) * drawn[k][i][0],
+                  bmu + torch.log1p(torch.exp(brho)) * drawn[k][i][1]) for k, (mu, rho, bmu, brho) in enumerate(params)]
         loss = loss + _mlp_ce(x, y, pairs)
     (ref,) = torch.autograd.grad(loss / M, params[0][1])
     return _rel_err(got, ref)

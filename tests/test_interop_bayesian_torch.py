@@ -11,8 +11,9 @@ from mcgraph.interop import bayesian_torch as ibt
 from interop_models import NoiseRecorder, assert_data_term_gradients_match, mlp_loss, peer, relative_error
 
 bt = peer("bayesian_torch", "bayesian-torch")
-from bayesian_torch.layers import (Conv2dFlipout, Conv2dReparameterization, ConvTranspose2dReparameterization,  # noqa: E402
-                                   LinearFlipout, LinearReparameterization, LSTMReparameterization)
+from bayesian_torch.layers import (  # noqa: E402
+    Conv2dFlipout, Conv2dReparameterization, ConvTranspose2dReparameterization, LinearFlipout, LinearReparameterization,
+    LSTMReparameterization)
 from bayesian_torch.models.dnn_to_bnn import dnn_to_bnn, get_kl_loss  # noqa: E402
 
 PRIOR = {"prior_mu": 0.0, "prior_sigma": 1.0, "posterior_mu_init": 0.0, "posterior_rho_init": -3.0,

@@ -14,7 +14,6 @@ from interop_models import (Z_4_5, NoiseRecorder, assert_data_term_gradients_mat
 from mcgraph.interop import blitz as ibz
 
 peer("blitz", "blitz-bayesian-pytorch")
-from blitz.losses import kl_divergence_from_nn  # noqa: E402
 from blitz.modules import BayesianConv2d, BayesianLinear, BayesianLSTM  # noqa: E402
 from blitz.utils import variational_estimator  # noqa: E402
 

@@ -17,7 +17,7 @@ from pyro.infer import SVI, TraceMeanField_ELBO  # noqa: E402
 from pyro.infer.autoguide import AutoNormal  # noqa: E402
 from pyro.nn import PyroModule, PyroSample  # noqa: E402
 
-from mcgraph.interop.pyro import MeanFieldELBO, register_mc_kl, site_kl  # noqa: E402
+from mcgraph.interop.pyro import MeanFieldELBO, register_mc_kl  # noqa: E402
 
 
 class Regression(PyroModule):

@@ -6,7 +6,7 @@ prior, :class:`VariationalSite`) that the engine takes from there:
 ================================  ==========================================================================
 module                            what it gives
 ================================  ==========================================================================
-``interop.bayesian_torch``        ``kl`` (``"per_tensor_mean"`` = ``get_kl_loss``), ``to_mcgraph`` (``dnn_to_bnn`` models)
+``interop.bayesian_torch``        ``kl`` (``"per_tensor_mean"`` = ``get_kl_loss``), ``to_mcgraph`` (``dnn_to_bnn``)
 ``interop.blitz``                 ``kl`` (M-sample estimate of ``nn_kl_divergence``; ``prior_floor``), ``to_mcgraph``
 ``interop.torchbnn``              ``KLLoss`` (drop-in ``BKLLoss``), ``kl``, ``to_mcgraph`` (σ = exp(log σ))
 ``interop.torch_uncertainty``     ``kl`` (``"layer_mean"`` as ``KLDiv``), ``to_mcgraph``

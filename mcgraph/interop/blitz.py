@@ -111,8 +111,8 @@ class BlitzAdapter(LibraryAdapter):
             raise TypeError(f"blitz conversion takes only prior_floor, got {sorted(options)}")
         kind = _LAYERS.get(type(module).__name__)
         if kind is None:
-            raise TypeError(f"{qualified(name, module)}: only blitz's BayesianLinear and BayesianConv{{1,2,3}}d convert "
-                            f"to mcgraph layers (recurrent and embedding layers do not); train the model as it is "
+            raise TypeError(f"{qualified(name, module)}: only blitz's BayesianLinear and BayesianConv{{1,2,3}}d "
+                            f"convert to mcgraph layers (recurrent and embedding layers do not); train the model as it is "
                             f"with mcgraph.interop.elbo_backward and mcgraph.interop.blitz.kl")
         found = {s.role: s for s in self.layer_sites(module, name, prior_floor=prior_floor)}
         pd = module.weight_prior_dist
