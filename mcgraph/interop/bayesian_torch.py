@@ -136,8 +136,8 @@ class BayesianTorchAdapter(LibraryAdapter):
     def refusal(self, module: nn.Module, name: str) -> str:
         if "LSTM" in type(module).__name__:
             return (f"{qualified(name, module)}: bayesian-torch's LSTM layers have no mcgraph counterpart (and "
-                    f"resample their weights through one noise buffer at every time step); train the model as it is with "
-                    f"mcgraph.interop.elbo_backward and mcgraph.interop.bayesian_torch.kl")
+                    f"resample their weights through one noise buffer at every time step); train the model as it is "
+                    f"with mcgraph.interop.elbo_backward and mcgraph.interop.bayesian_torch.kl")
         return (f"{qualified(name, module)} is a bayesian-torch module that passes (out, kl) tuples and has no mcgraph "
                 f"counterpart; train the model as it is with mcgraph.interop.elbo_backward and "
                 f"mcgraph.interop.bayesian_torch.kl")

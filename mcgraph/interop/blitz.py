@@ -112,8 +112,8 @@ class BlitzAdapter(LibraryAdapter):
         kind = _LAYERS.get(type(module).__name__)
         if kind is None:
             raise TypeError(f"{qualified(name, module)}: only blitz's BayesianLinear and BayesianConv{{1,2,3}}d "
-                            f"convert to mcgraph layers (recurrent and embedding layers do not); train the model as it is "
-                            f"with mcgraph.interop.elbo_backward and mcgraph.interop.blitz.kl")
+                            f"convert to mcgraph layers (recurrent and embedding layers do not); train the model as it "
+                            f"is with mcgraph.interop.elbo_backward and mcgraph.interop.blitz.kl")
         found = {s.role: s for s in self.layer_sites(module, name, prior_floor=prior_floor)}
         pd = module.weight_prior_dist
         if getattr(pd, "dist2", None) is None:

@@ -136,5 +136,5 @@ def kl(model: nn.Module, num_samples: int, *, seed: int | None = None, method: s
 
 
 def to_mcgraph(model: nn.Module, *, kl_samples: int = 1, inplace: bool = False) -> nn.Module:
-    """Swap torchbnn's Linear/Conv2d layers for mcgraph layers holding the same Parameters (``scale_transform="exp"``)."""
+    """Swap torchbnn's Linear/Conv2d layers for mcgraph layers holding the same Parameters (σ = exp(ρ))."""
     return convert.to_mcgraph(model, NAME, kl_samples=kl_samples, inplace=inplace)
