@@ -99,6 +99,15 @@ def test_moped_per_element_prior_and_float64():
     value = ibt.kl(model, 1, reduction="per_tensor_mean")
     assert value.dtype == torch.float64
     torch.testing.assert_close(value, get_kl_loss(model), rtol=1e-5, atol=0)
+    bnn = ibt.to_mcgraph(model)  # per-element priors: the converted layers share the buffers
+    assert bnn[0].prior_weight_mu is model[0].prior_weight_mu
+    torch.testing.assert_close(bnn[0].prior.loc, model[0].prior_weight_mu)
+    torch.testing.assert_close(bnn[0].bias_prior.scale, model[0].prior_bias_sigma)
+    torch.testing.assert_close(bnn[2].prior.scale, torch.ones((), dtype=torch.float64))  # constant: scalar
+    exact = sum(torch.distributions.kl_divergence(l.posterior(), l.prior).sum()
+                + torch.distributions.kl_divergence(l.bias_posterior(), l.bias_prior).sum()
+                for l in mg.nn.bayesian_modules(bnn))
+    torch.testing.assert_close(exact, ibt.kl(model, 1), rtol=1e-10, atol=0)
 
 
 def test_broken_prior_buffers_are_named():
@@ -184,7 +193,7 @@ def test_to_mcgraph_shares_parameters_and_buffers_and_keeps_the_original():
     assert {id(p) for p in bnn.parameters()} == params
     assert bnn[0].weight_mu is model[0].mu_kernel and bnn[0].bias_rho is model[0].rho_bias
     assert bnn[2].weight_rho is model[2].rho_kernel and bnn[4].weight_mu is model[4].mu_weight
-    assert bnn[0].prior_weight_mu is model[0].prior_weight_mu
+    assert isinstance(bnn[0].prior_spec, interop.priors.NormalPrior)  # constant buffers: a scalar prior
     assert isinstance(bnn[2], mg.nn.BayesConvTranspose) and bnn[0].kl_samples == 16
     # One optimizer step on the converted model moves the original's Parameters.
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -147,6 +147,7 @@ def test_converted_models_copy_and_pickle():
     net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
     dnn_to_bnn(net, {"prior_mu": 0.0, "prior_sigma": 1.0, "posterior_mu_init": 0.0, "posterior_rho_init": -3.0,
                      "type": "Reparameterization", "moped_enable": False})
+    net[0].prior_weight_mu.normal_()  # per-element prior means: buffers shared with the converted layer
     bnn = interop.bayesian_torch.to_mcgraph(net)
     buffer = io.BytesIO()
     torch.save(bnn, buffer)

@@ -15,7 +15,8 @@ weight). ``LSTMReparameterization`` / ``LSTMFlipout`` hold two such Linear layer
   counts an LSTM's KL twice (the LSTM and its ``ih``/``hh`` children all have ``kl_loss``) and
   the LSTM's forward adds it once per time step.
 * :func:`to_mcgraph` converts models built by ``dnn_to_bnn`` (``dnn_to_bnn_flag=True``, layers
-  returning only their output); flipout layers become ``flipout=True`` layers (mcgraph's
+  returning only their output). A prior whose buffers hold one value (the usual case) becomes that
+  scalar Normal; per-element priors (MOPED) stay buffers shared with the converted layer; flipout layers become ``flipout=True`` layers (mcgraph's
   flipout draws signs per example and channel, bayesian-torch's per element: the same
   estimator in distribution). Layers returning ``(out, kl)`` tuples and LSTMs are refused.
 
@@ -49,7 +50,7 @@ from torch.distributions import Normal
 
 from ..nn.scales import scale_transform
 from . import convert, divergence
-from .priors import BufferNormalPrior
+from .priors import BufferNormalPrior, NormalPrior
 from .registry import LibraryAdapter, VariationalSite, class_names, parameter, qualified, register_adapter, site_name
 from .registry import sites as _sites
 
@@ -72,6 +73,13 @@ def _prior(module: nn.Module, role: str) -> Normal:
         raise ValueError(f"prior_{role}_mu has shape {tuple(loc.shape)} but prior_{role}_sigma has shape "
                          f"{tuple(scale.shape)}")
     return Normal(loc, scale, validate_args=False)
+
+
+def _single_value(loc: torch.Tensor, scale: torch.Tensor):
+    """``(μ, σ)`` when each buffer holds one value throughout, else ``None``."""
+    if loc.numel() and bool((loc == loc.reshape(-1)[0]).all()) and bool((scale == scale.reshape(-1)[0]).all()):
+        return float(loc.reshape(-1)[0]), float(scale.reshape(-1)[0])
+    return None
 
 
 def _per_tensor_mean(found: Sequence[VariationalSite], values: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -126,7 +134,12 @@ class BayesianTorchAdapter(LibraryAdapter):
         found = self.layer_sites(module, name)
         layer = convert.mcgraph_layer(kind, module, found[0], found[1] if len(found) > 1 else None,
                                       kl_samples=kl_samples, flipout=cls.endswith("Flipout"))
-        for role in ("weight", "bias") if len(found) > 1 else ("weight",):
+        roles = ("weight", "bias")[:len(found)]
+        values = {_single_value(getattr(module, f"prior_{r}_mu"), getattr(module, f"prior_{r}_sigma")) for r in roles}
+        if len(values) == 1 and None not in values:
+            layer.prior_spec = NormalPrior(*values.pop())  # one value throughout: a scalar prior (cheaper KL)
+            return layer
+        for role in roles:  # per-element priors (MOPED): the buffers are shared, read when used
             for what in ("mu", "sigma"):
                 key = f"prior_{role}_{what}"
                 layer.register_buffer(key, getattr(module, key), persistent=False)
@@ -161,7 +174,7 @@ def kl(model: nn.Module, num_samples: int, *, seed: int | None = None, method: s
 def to_mcgraph(model: nn.Module, *, kl_samples: int = 1, inplace: bool = False) -> nn.Module:
     """Swap a ``dnn_to_bnn`` model's layers for mcgraph layers holding the same Parameters.
 
-    See :mod:`mcgraph.interop.convert`. The prior buffers are shared too (per element,
-    MOPED included); σ = softplus(ρ); Flipout layers keep flipout.
+    See :mod:`mcgraph.interop.convert`. σ = softplus(ρ); Flipout layers keep flipout; the prior is
+    the scalar N(μ, σ²) when the buffers hold one value, else the shared per-element buffers (MOPED).
     """
     return convert.to_mcgraph(model, NAME, kl_samples=kl_samples, inplace=inplace)
