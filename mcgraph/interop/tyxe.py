@@ -13,6 +13,7 @@ removed: with Pyro ≥ 1.9 build the guide with Pyro's ``AutoNormal`` (as below)
 Example:
     >>> import torch, pyro, tyxe
     >>> from mcgraph.interop.tyxe import fit
+    >>> pyro.clear_param_store()
     >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
     >>> prior = tyxe.priors.IIDPrior(pyro.distributions.StudentT(3.0, 0.0, 1.0))
     >>> bnn = tyxe.VariationalBNN(net, prior, tyxe.likelihoods.Categorical(dataset_size=8),
