@@ -94,6 +94,11 @@ def test_argument_errors():
     with pytest.raises(ValueError, match=r"site 'weight' \(bayesian-torch\)"):
         interop.kl(layer, 10)
     layer = LinearReparameterization(3, 4)
+    layer.prior_bias_mu = torch.zeros(2, 4)  # broadcasts, but to a larger shape than the bias
+    layer.prior_bias_sigma = torch.ones(2, 4)
+    with pytest.raises(ValueError, match=r"site 'bias'.*\(2, 4\) does not broadcast to the tensor's shape \(4,\)"):
+        interop.kl(layer, 10)
+    layer = LinearReparameterization(3, 4)
     with pytest.raises(ValueError, match="reduction must be one of"):
         interop.kl(layer, 10, reduction="mean")
     with pytest.raises(ValueError, match="method must be one of"):

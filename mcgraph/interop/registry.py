@@ -82,7 +82,7 @@ class VariationalSite:
         """p(w), checked to broadcast with the tensor.
 
         Raises:
-            ValueError: the prior's shape does not broadcast with the tensor (names the site).
+            ValueError: the prior's shape does not broadcast to the tensor's (names the site).
         """
         try:
             dist = self.make_prior()
@@ -90,10 +90,12 @@ class VariationalSite:
             raise ValueError(f"prior of site {self.name!r} ({self.library}): {e}") from e
         shape = dist.batch_shape + dist.event_shape
         try:
-            torch.broadcast_shapes(shape, self.loc.shape)
+            fits = torch.broadcast_shapes(shape, self.loc.shape) == self.loc.shape
         except RuntimeError:
+            fits = False
+        if not fits:
             raise ValueError(f"prior of site {self.name!r} ({self.library}): shape {tuple(shape)} does not broadcast "
-                             f"with the tensor's shape {tuple(self.loc.shape)}") from None
+                             f"to the tensor's shape {tuple(self.loc.shape)}")
         return dist
 
 
