@@ -22,7 +22,8 @@ Measured per (provider, M), each in a fresh subprocess:
 
 * ``saved_bytes`` / ``nodes``: ``mg.graph_size`` of the loss (bytes saved for backward,
   deduplicated by storage, walking the graph);
-* ``peak_rss_bytes``: the subprocess's peak resident memory;
+* ``peak_rss_bytes``: the subprocess's peak resident memory over building the model and the timed
+  passes (read before the gradient check, which runs after them in the same process);
 * ``time_s``: the fastest of ``--reps`` forward+backward passes (``--interleaved`` also alternates
   each peer with its ``+mcgraph`` provider in one process, for a ratio that is fair on a busy machine);
 * ``rho_grad_rel_err``: ‖g − g_ref‖ / ‖g_ref‖ of the first layer's ρ-gradient (data term), with
@@ -277,11 +278,12 @@ def measure(provider: str, M: int, reps: int, grad_samples: int) -> dict:
         loss.backward()
         times.append(time.perf_counter() - t0)
         del loss
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # before the gradient check's own graphs
     grad_err = grad_error(provider, grad_samples) if grad_samples else None
     return {
         "provider": provider, "M": M, "batch": BATCH, "sizes": list(SIZES),
         "saved_bytes": size.saved_bytes, "nodes": size.nodes, "time_s": min(times), "times_s": times,
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_rss_bytes": peak_rss,
         "rho_grad_rel_err": grad_err, "grad_samples": grad_samples,
         "device": "cpu", "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
         "torch": torch.__version__, "mcgraph": mg.__version__, "commit": git_commit(),
