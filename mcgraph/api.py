@@ -13,7 +13,7 @@ from . import backend
 from .estimators import chunked_value, collapsed_value, direct_value, fused_value, statistics
 from .estimators.sampling import default_chunk, samples, stream_for
 from .families import GenericForm, distribution_parameters, family_of
-from .integrands import trace
+from .integrands import floating, trace
 from .noise import resolve_seed
 from .tuples import Plan, Tier, classify
 
@@ -84,7 +84,22 @@ def explain(fn: Callable, dist: Distribution, *, method: str = "auto", taylor_or
 
 
 def evaluate(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size: int | None) -> torch.Tensor:
-    """Run a plan: the sum over pieces of chain(Σ term values). ``chunk_size=None``: each tier's default."""
+    """Run a plan: the sum over pieces of chain(Σ term values). ``chunk_size=None``: each tier's default.
+
+    The result has the trace's dtype (:attr:`~mcgraph.integrands.TraceResult.dtype`); an integer
+    or boolean integrand is averaged in the distribution's floating dtype and its result is
+    detached (piecewise constant in w: its pathwise gradient is zero almost everywhere).
+    """
+    traced = plan.trace
+    if traced.discrete:
+        fn = floating(fn, traced.dtype)
+    out = _run_tiers(plan, fn, seed, num_samples, chunk_size)
+    if traced.dtype is not None and out.dtype != traced.dtype:
+        out = out.to(traced.dtype)
+    return out.detach() if traced.discrete else out
+
+
+def _run_tiers(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size: int | None) -> torch.Tensor:
     form, traced = plan.form, plan.trace
 
     def chunk(tier: str) -> int:
