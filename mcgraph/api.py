@@ -169,7 +169,13 @@ def expectation(fn: Callable, dist: Distribution, num_samples: int, *, seed: int
 
     Returns:
         A tensor of ``fn``'s output shape, differentiable w.r.t. every tensor ``dist``
-        and ``fn`` depend on.
+        and ``fn`` depend on, in ``fn``'s dtype when ``fn`` returns floating values.
+        An integer or boolean ``fn`` (an indicator ``w > 0``, a count) is averaged in
+        ``dist``'s floating dtype: ``E[1{w ∈ A}]`` estimates the probability P(w ∈ A).
+        That result is detached: the integrand is piecewise constant in w, so its
+        pathwise (reparameterisation) gradient is zero almost everywhere, and it is *not*
+        the gradient of the probability (which needs a score-function or a smoothed
+        estimator).
 
     Raises:
         TypeError / ValueError: bad ``num_samples``, ``seed``, ``chunk_size``, ``method``,
@@ -183,6 +189,9 @@ def expectation(fn: Callable, dist: Distribution, num_samples: int, *, seed: int
         >>> e = mg.expectation(lambda w: w ** 2, q, num_samples=10_000, seed=0)
         >>> bool(((e - 1).abs() < 0.1).all())
         True
+        >>> p = mg.expectation(lambda w: w > 0, q, num_samples=10_000, seed=0)   # P(w > 0) = 0.5
+        >>> p.dtype, bool(((p - 0.5).abs() < 0.05).all()), p.requires_grad
+        (torch.float32, True, False)
     """
     num_samples = _check_num_samples(num_samples)
     form = family_of(dist)

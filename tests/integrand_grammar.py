@@ -557,23 +557,36 @@ def _coef(draw, x, sample_shape: tuple):
     return Coef(draw(x), values, shape, draw(st.booleans()))
 
 
+def as_real(n: Node) -> Node:
+    """``n`` as a floating node: booleans and integers cast to the sample's dtype."""
+    return n if n.kind == "real" else Cast(n, "to_dtype")
+
+
+def as_positive(n: Node) -> Node:
+    """``n`` as a positive floating node (``softplus`` where it may not be)."""
+    n = as_real(n)
+    return n if n.positive else Unary("softplus", n)
+
+
 def _extend(positive: bool, sample_shape: tuple):
     def extend(children):
-        real = children.filter(lambda n: n.kind == "real")
-        arith = children.filter(lambda n: n.kind != "bool")  # integers take part in arithmetic
+        # Maps, not filters: a filter on a recursive strategy rejects most draws.
+        real = children.map(as_real)
+        pos = children.map(as_positive)
+        arith = children.map(lambda n: Cast(n, "long") if n.kind == "bool" else n)  # integers do arithmetic
         compare = st.builds(Compare, real, st.sampled_from((">", ">=", "<", "<=")), _small)
         return st.one_of(
-            st.builds(Affine, arith, _slope.filter(lambda a: a != 0), _small),
+            st.builds(Affine, arith, _slope.map(lambda a: a or 0.5), _small),
             st.builds(Poly, real, st.lists(_small, min_size=2, max_size=4).map(tuple)),
             st.builds(Binary, st.sampled_from("+-*"), arith, arith),
             st.builds(Unary, st.sampled_from(sorted(_UNARY)), real),
             st.builds(ExpAffine, _real_leaf(positive), _slope, _small),
             st.builds(Log, real),
             st.builds(Power, real, st.sampled_from((2, 3))),
-            st.builds(Power, real.filter(lambda n: n.positive), st.sampled_from((-2, -1, 0.5, 1.5))),
-            st.builds(Divide, real, real.filter(lambda n: n.positive)),
+            st.builds(Power, pos, st.sampled_from((-2, -1, 0.5, 1.5))),
+            st.builds(Divide, real, pos),
             st.builds(Apply, st.sampled_from([k for k, v in CALLS.items() if not v[2]]), real),
-            st.builds(Apply, st.sampled_from([k for k, v in CALLS.items() if v[2]]), real.filter(lambda n: n.positive)),
+            st.builds(Apply, st.sampled_from([k for k, v in CALLS.items() if v[2]]), pos),
             st.builds(Maximum, real, real),
             compare,
             st.builds(Where, compare, real, real),
