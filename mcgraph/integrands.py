@@ -728,7 +728,7 @@ def trace(fn: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor) -> 
             real_out = _call(fn, example)
         shape, dtype = _out_shape(real_out), real_out.dtype
         return TraceResult(None, shape, str(e), dtype=_mean_dtype(dtype, example), discrete=is_discrete(dtype))
-    if isinstance(out, (int, float)) and not isinstance(out, torch.Tensor):
+    if isinstance(out, (int, float)):
         out = torch.as_tensor(out, dtype=example.dtype)
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"fn must return a tensor, got {type(out).__name__}")

@@ -45,7 +45,6 @@ class Node:
 
     kind = "real"
     positive = False
-    reduced = False
 
     def build(self, b: Build):
         raise NotImplementedError
@@ -84,10 +83,6 @@ class Affine(Node):
     def positive(self):
         return self.x.positive and self.a > 0 and self.c >= 0
 
-    @property
-    def reduced(self):
-        return self.x.reduced
-
     def build(self, b):
         f = self.x.build(b)
         return lambda w: self.a * f(w) + self.c
@@ -102,10 +97,6 @@ class Poly(Node):
 
     x: Node
     coefs: tuple
-
-    @property
-    def reduced(self):
-        return self.x.reduced
 
     def build(self, b):
         f = self.x.build(b)
@@ -138,10 +129,6 @@ class Binary(Node):
     def positive(self):
         return self.op in ("+", "*") and self.x.positive and self.y.positive
 
-    @property
-    def reduced(self):
-        return self.x.reduced or self.y.reduced
-
     def build(self, b):
         f, g = self.x.build(b), self.y.build(b)
         op = {"+": torch.add, "-": torch.sub, "*": torch.mul}[self.op]
@@ -159,10 +146,6 @@ class Coef(Node):
     values: tuple
     shape: tuple
     grad: bool = False
-
-    @property
-    def reduced(self):
-        return self.x.reduced
 
     def build(self, b):
         f = self.x.build(b)
@@ -192,10 +175,6 @@ class Unary(Node):
     def positive(self):
         return self.name in ("sigmoid", "softplus")
 
-    @property
-    def reduced(self):
-        return self.x.reduced
-
     def build(self, b):
         f = self.x.build(b)
         op = _UNARY[self.name]
@@ -215,10 +194,6 @@ class ExpAffine(Node):
     c: float
     positive = True
 
-    @property
-    def reduced(self):
-        return self.x.reduced
-
     def build(self, b):
         f = self.x.build(b)
         return lambda w: torch.exp(self.a * f(w) + self.c)
@@ -232,10 +207,6 @@ class Log(Node):
     """``log x`` (x > 0), or ``log(|x| + 0.5)``."""
 
     x: Node
-
-    @property
-    def reduced(self):
-        return self.x.reduced
 
     def build(self, b):
         f = self.x.build(b)
@@ -260,10 +231,6 @@ class Power(Node):
     def positive(self):
         return self.x.positive
 
-    @property
-    def reduced(self):
-        return self.x.reduced
-
     def build(self, b):
         f, p = self.x.build(b), self.p
         p = int(p) if float(p).is_integer() else p
@@ -284,10 +251,6 @@ class Divide(Node):
     @property
     def positive(self):
         return self.x.positive
-
-    @property
-    def reduced(self):
-        return self.x.reduced or self.y.reduced
 
     def build(self, b):
         f, g = self.x.build(b), self.y.build(b)
@@ -319,10 +282,6 @@ class Apply(Node):
     def positive(self):
         return CALLS[self.name][3]
 
-    @property
-    def reduced(self):
-        return self.x.reduced
-
     def build(self, b):
         f, fn = self.x.build(b), CALLS[self.name][1]
         return lambda w: fn(f(w))
@@ -339,10 +298,6 @@ class Maximum(Node):
     @property
     def positive(self):
         return self.x.positive or self.y.positive
-
-    @property
-    def reduced(self):
-        return self.x.reduced or self.y.reduced
 
     def build(self, b):
         f, g = self.x.build(b), self.y.build(b)
@@ -361,10 +316,6 @@ class Compare(Node):
     t: float
     kind = "bool"
 
-    @property
-    def reduced(self):
-        return self.x.reduced
-
     def build(self, b):
         f = self.x.build(b)
         op = {">": torch.gt, ">=": torch.ge, "<": torch.lt, "<=": torch.le}[self.op]
@@ -379,10 +330,6 @@ class Where(Node):
     cond: Compare
     x: Node
     y: Node
-
-    @property
-    def reduced(self):
-        return self.cond.reduced or self.x.reduced or self.y.reduced
 
     def build(self, b):
         c, f, g = self.cond.build(b), self.x.build(b), self.y.build(b)
@@ -412,10 +359,6 @@ class Cast(Node):
     @property
     def kind(self):
         return CASTS[self.how][1]
-
-    @property
-    def reduced(self):
-        return self.x.reduced
 
     def build(self, b):
         f = self.x.build(b)
@@ -451,7 +394,6 @@ DISCRETE_REDUCTIONS = ("sum", "sum_last", "getitem", "keepdim", "flip_scale")
 class Reduce(Node):
     x: Node
     how: str
-    reduced = True
 
     @property
     def kind(self):
@@ -509,10 +451,6 @@ class LogProb(Node):
     scale: float = 1.0
     grad: bool = False
     registered: bool = False
-
-    @property
-    def reduced(self):
-        return self.x.reduced
 
     def build(self, b):
         f = self.x.build(b)
