@@ -254,6 +254,7 @@ def test_same_seed_same_value_and_gradients(case):
         return
     with recorded_plans() as plans:
         auto = case.run("auto", None)
+    assert plans, "expectation formed no plan through api.classify: observe auto's plan where it is formed"
     plan = mg.explain(*_explain_args(case))
     assert plan.tiers == plans[-1].tiers, f"explain says {plan.tiers}, auto used {plans[-1].tiers}"
     event(f"auto tiers: {' + '.join(sorted({str(t) for t in plan.tiers})) or 'constant'}")
