@@ -69,7 +69,7 @@ class CyclicalCosineLR(torch.optim.lr_scheduler.LRScheduler):
         length = self.cycle_length
         span = max(1, int(round(self.snapshot_fraction * length)))
         count = min(self.snapshots_per_cycle, length)
-        gap = max(1, span // count)
+        gap = max(1, span // max(1, count - 1))
         return sorted({max(0, length - 1 - i * gap) for i in range(count)})
 
     def is_snapshot_step(self, k: int) -> bool:
