@@ -26,6 +26,9 @@ minibatch gradient) or ``"per_example"`` (the mean of per-example squares, as VO
 (default) gives the variational posterior ``σ² = 1/(Nĥ + δ)``; λ ≠ 1 tempers it.
 The paper's ``(σ²)^α`` on the full-data scale equals ``π^{-α}`` up to the factor ``N^{-α}``,
 which is absorbed in the learning rate ``l`` so that ``α = ½`` takes Adam's learning rates.
+Near a minimum the squared minibatch gradient is about ``1/B`` of the mean per-example square
+(``B`` the batch size), so ``"squared_gradient"`` gives a posterior about ``√B`` times wider than
+``"per_example"`` does [our derivation]; use ``"per_example"`` for VOGN-like variances.
 
 **Warm-up.** The paper argues (i) the adaptive rate has large variance early (as Adam's,
 RAdam) and (ii) with one sample and a small learning rate the injected noise swamps the

@@ -111,6 +111,12 @@ class AdaptiveSGHMC(torch.optim.Optimizer):
     def skipped_steps(self) -> int:
         return int(self.counters["skipped"])
 
+    def _reduce_statistics(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Aggregate the mean-loss gradients over data shards (no-op in one process; see
+        :meth:`mcgraph.optim.GaussianVariationalOptimizer._reduce_statistics`). The noise needs no
+        communication: it is seeded by ``(seed, step, parameter)``, so every rank draws the same."""
+        return tensors
+
     def _normal(self, p: torch.Tensor, step: int, j: int, kind: int) -> torch.Tensor:
         gen = self._generators.get(str(p.device))
         if gen is None:
@@ -140,6 +146,10 @@ class AdaptiveSGHMC(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         step = self.counters["step"] + 1
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        for g, reduced in zip(grads, self._reduce_statistics(grads)):
+            if reduced is not g:
+                g.copy_(reduced)
         tentative = []
         j = -1
         for group in self.param_groups:
