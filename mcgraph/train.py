@@ -230,6 +230,24 @@ def load_splits(args):
     return ds, (x_train, y_train), (x_test, y_test), (x_eval, y_eval)
 
 
+def resume_log(args, out: Path, start_epoch: int, n_train: int):
+    """``(shuffling generator, history rows, metrics.jsonl path)`` for a run starting at ``start_epoch``.
+
+    The generator has drawn the shuffles of the epochs already done; after a resume the log
+    keeps only their rows.
+    """
+    gen = torch.Generator().manual_seed(args.seed)
+    for _ in range(start_epoch):  # the same shuffles after a resume
+        torch.randperm(n_train, generator=gen)
+    history = []
+    log_path = out / "metrics.jsonl"
+    if args.resume and log_path.is_file():  # keep the epochs already done
+        rows = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+        history = [r for r in rows if r.get("epoch", 0) <= start_epoch]
+        log_path.write_text("".join(json.dumps(r) + "\n" for r in history))
+    return gen, history, log_path
+
+
 def train(args) -> dict:
     """Run the training of ``args`` (from :func:`build_parser`); returns the summary dict."""
     import mcgraph.nn as mnn
@@ -265,15 +283,7 @@ def train(args) -> dict:
     _log(f"{'BNN' if bayes else 'deterministic'} {args.model} on {args.dataset}: {n_params:,} parameters, "
          f"{n_train} training examples, {batches} batches/epoch -> {out}")
 
-    gen = torch.Generator().manual_seed(args.seed)
-    for _ in range(start_epoch):  # the same shuffles after a resume
-        torch.randperm(n_train, generator=gen)
-    history = []
-    log_path = out / "metrics.jsonl"
-    if args.resume and log_path.is_file():  # keep the epochs already done
-        rows = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
-        history = [r for r in rows if r.get("epoch", 0) <= start_epoch]
-        log_path.write_text("".join(json.dumps(r) + "\n" for r in history))
+    gen, history, log_path = resume_log(args, out, start_epoch, n_train)
     t_train = sum(r.get("time_s", 0.0) for r in history)
     for epoch in range(start_epoch, args.epochs):
         for group in optimizer.param_groups:

@@ -72,7 +72,7 @@ def _settings(quick: bool) -> dict:
                            "epochs": None, "warmup": 50, "cycles": 6, "seeds": 2,
                            "esteps": ["threshold", "probability"], "seeds_per_estep": {"probability": 1}},
             "classifier": {"dataset": "mnist", "model": "lenet5", "hidden": None, "epochs": 10, "batch": 128,
-                           "lr": 0.5, "cycles": 2, "warmup": 2, "sweep": [[0.1, 1e-3], [0.1, 2e-3], [0.1, 4e-3]],
+                           "lr": 0.5, "cycles": 2, "warmup": 2, "sweep": [[0.1, 2e-3], [0.1, 5e-3], [0.1, 1e-2]],
                            "slab_decay": 5e-4, "hard_threshold": 2e-4, "seeds": 1,
                            "exclude": ["classifier.5"]}}
 

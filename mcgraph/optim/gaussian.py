@@ -42,6 +42,7 @@ from torch.distributions import Normal
 
 from ..noise import mix_seed, resolve_seed
 from ._checks import choice, positive_int, positive_real
+from ._state import CountedOptimizer
 from .per_example import RULES, SquaredGradients, rule_for
 
 __all__ = ["GaussianVariationalOptimizer", "check_model", "posterior_model"]
@@ -85,7 +86,7 @@ def check_model(model: nn.Module, who: str) -> list[tuple[str, nn.Module, dict]]
     return out
 
 
-class GaussianVariationalOptimizer(torch.optim.Optimizer):
+class GaussianVariationalOptimizer(CountedOptimizer):
     """Base class (not used directly): mean-field Gaussian ``q(w) = N(μ, diag(σ²))`` over a network.
 
     One parameter group per module that owns parameters, carrying ``module`` (its
@@ -129,38 +130,12 @@ class GaussianVariationalOptimizer(torch.optim.Optimizer):
         self._modules = [m for _, m, _ in modules]
         self._names = {p: f"{g['module']}.{k}" if g["module"] else k
                        for g, (_, _, params) in zip(self.param_groups, modules) for k, p in params.items()}
-        self._generators: dict = {}
         self.counters = {"step": 0, "draws": 0, "skipped": 0, "initialized": False}
 
     # ------------------------------------------------------------------ bookkeeping
 
     def _flat(self) -> list[tuple[nn.Parameter, dict]]:
         return [(p, g) for g in self.param_groups for p in g["params"]]
-
-    def state_dict(self) -> dict:
-        """torch's optimizer state plus ``counters`` (steps, noise draws, skipped steps)."""
-        state = super().state_dict()
-        state["counters"] = dict(self.counters)
-        return state
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        state_dict = dict(state_dict)
-        counters = state_dict.pop("counters", None)
-        super().load_state_dict(state_dict)
-        if counters is not None:
-            self.counters.update(counters)
-
-    @property
-    def skipped_steps(self) -> int:
-        """Steps skipped because a gradient or the new state was not finite."""
-        return int(self.counters["skipped"])
-
-    def _generator(self, device: torch.device) -> torch.Generator:
-        key = str(device)
-        gen = self._generators.get(key)
-        if gen is None:
-            gen = self._generators[key] = torch.Generator(device=device)
-        return gen
 
     def noise(self, draw: int, sample: int) -> list[torch.Tensor | None]:
         """ε of sample ``sample`` of noise draw ``draw`` for every parameter (``None`` where not sampled).

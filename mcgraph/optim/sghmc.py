@@ -54,11 +54,12 @@ import torch
 
 from ..noise import mix_seed, resolve_seed
 from ._checks import non_negative_real, positive_real, real_in
+from ._state import CountedOptimizer
 
 __all__ = ["AdaptiveSGHMC"]
 
 
-class AdaptiveSGHMC(torch.optim.Optimizer):
+class AdaptiveSGHMC(CountedOptimizer):
     """Preconditioned SGHMC with an adaptive, learned preconditioner (see the module docstring).
 
     Args:
@@ -92,24 +93,6 @@ class AdaptiveSGHMC(torch.optim.Optimizer):
         self.seed = resolve_seed(seed)
         self.spike_slab = spike_slab
         self.counters = {"step": 0, "skipped": 0}
-        self._generators: dict = {}
-
-    def state_dict(self) -> dict:
-        """torch's optimizer state plus ``counters`` (steps, skipped steps)."""
-        state = super().state_dict()
-        state["counters"] = dict(self.counters)
-        return state
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        state_dict = dict(state_dict)
-        counters = state_dict.pop("counters", None)
-        super().load_state_dict(state_dict)
-        if counters is not None:
-            self.counters.update(counters)
-
-    @property
-    def skipped_steps(self) -> int:
-        return int(self.counters["skipped"])
 
     def _reduce_statistics(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """Aggregate the mean-loss gradients over data shards (no-op in one process; see
@@ -118,9 +101,7 @@ class AdaptiveSGHMC(torch.optim.Optimizer):
         return tensors
 
     def _normal(self, p: torch.Tensor, step: int, j: int, kind: int) -> torch.Tensor:
-        gen = self._generators.get(str(p.device))
-        if gen is None:
-            gen = self._generators[str(p.device)] = torch.Generator(device=p.device)
+        gen = self._generator(p.device)
         gen.manual_seed(mix_seed(mix_seed(mix_seed(self.seed, step), j), kind))
         return torch.randn(p.shape, generator=gen, dtype=p.dtype, device=p.device)
 

@@ -254,15 +254,7 @@ def train(args) -> dict:
               f"{args.dataset}: {n_params:,} parameters, {n_train} training examples, {batches} batches/epoch"
               f"{' + spike-and-slab EM' if spike_slab else ''} -> {out}")
 
-    gen = torch.Generator().manual_seed(args.seed)
-    for _ in range(start_epoch):
-        torch.randperm(n_train, generator=gen)
-    history = []
-    log_path = out / "metrics.jsonl"
-    if args.resume and log_path.is_file():
-        rows = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
-        history = [r for r in rows if r.get("epoch", 0) <= start_epoch]
-        log_path.write_text("".join(json.dumps(r) + "\n" for r in history))
+    gen, history, log_path = base.resume_log(args, out, start_epoch, n_train)
     t_train = sum(r.get("time_s", 0.0) for r in history)
     loss_fn = nn.CrossEntropyLoss()
     for epoch in range(start_epoch, args.epochs):
