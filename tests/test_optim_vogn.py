@@ -128,6 +128,18 @@ def test_sum_reduction_gives_the_same_step():
         torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-14)
 
 
+def test_adaptive_vb_sum_reduction_without_per_example_curvature():
+    x, y = _data(seed=12)
+    a, b = _tiny(12), _tiny(12)
+    oa = AdaptiveVB(a, 10, lr=0.01, seed=0)
+    ob = AdaptiveVB(b, 10, lr=0.01, seed=0, loss_reduction="sum")
+    for _ in range(2):
+        oa.step(_closure(oa, a, x, y))
+        ob.step(_closure(ob, b, x, y, reduction="sum"))
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12)
+
+
 def test_infinite_prior_precision_collapses_the_posterior_to_the_prior():
     x, y = _data(seed=3)
     model = _tiny(3)

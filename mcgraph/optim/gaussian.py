@@ -193,6 +193,7 @@ class GaussianVariationalOptimizer(CountedOptimizer):
         g_acc = [torch.zeros_like(p) for p in params]
         h_acc = [torch.zeros_like(p) for p in params] if curvature else None
         loss_acc = None
+        record = curvature or self.loss_reduction == "sum"  # a summed loss needs the batch size
         try:
             for k in range(num_samples):
                 if sigmas is not None:
@@ -204,7 +205,7 @@ class GaussianVariationalOptimizer(CountedOptimizer):
                             p.copy_(w if mask is None else w * mask)
                 for p in params:
                     p.grad = None
-                recorder = SquaredGradients(self.model, self._modules) if curvature else None
+                recorder = SquaredGradients(self.model, self._modules) if record else None
                 with torch.enable_grad():
                     if recorder is not None:
                         with recorder:
@@ -214,7 +215,7 @@ class GaussianVariationalOptimizer(CountedOptimizer):
                 loss = torch.as_tensor(loss if loss is not None else float("nan")).detach()
                 loss_acc = loss / num_samples if loss_acc is None else loss_acc + loss / num_samples
                 n = recorder.batch_size if recorder is not None else None
-                if curvature and n is None:
+                if record and n is None:
                     raise ValueError("closure: no supported layer of the model ran a forward pass with gradients "
                                      "(the closure must call the model and backward())")
                 g_scale = 1.0 if self.loss_reduction == "mean" or n is None else 1.0 / n

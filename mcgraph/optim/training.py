@@ -92,7 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--temperature", type=_positive_float, default=None, help="SGHMC's T (default N^-1/2)")
     g.add_argument("--precision-lr", type=_non_negative_float, default=0.1, help="SGHMC's η")
     g.add_argument("--weight-decay", type=_non_negative_float, default=5e-4,
-                   help="SGHMC's decay where no spike-and-slab prior applies")
+                   help="SGHMC's decay (prior precision / N); with --spike-slab the slab decay is used instead")
     g.add_argument("--cycles", type=_positive_int, default=1, help="cycles of SGHMC's cyclical cosine rate")
     g.add_argument("--snapshots-per-cycle", type=_positive_int, default=3)
     g.add_argument("--spike-slab", action="store_true", help="group spike-and-slab EM with one-shot pruning")
@@ -144,7 +144,8 @@ def build_optimizer(args, model: nn.Module, n: int, batches: int, spike_slab=Non
                           init_precision=args.init_precision or None, batchnorm_prior=args.batchnorm_prior,
                           seed=args.seed, spike_slab=spike_slab, **betas), None
     if args.optimizer == "adaptive-vb":
-        opt = AdaptiveSGHMC(model.parameters(), n, lr=args.lr, weight_decay=args.weight_decay,
+        decay = args.slab_decay if spike_slab is not None else args.weight_decay  # the slab prior on the rest
+        opt = AdaptiveSGHMC(model.parameters(), n, lr=args.lr, weight_decay=decay,
                             temperature=args.temperature, precision_lr=args.precision_lr, seed=args.seed,
                             spike_slab=spike_slab, **betas)
         total = args.epochs * batches
