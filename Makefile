@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mcgraph-installed
 
-.PHONY: bench test test-slow bench-smoke data peers clean
+.PHONY: bench test test-slow test-props-slow bench-smoke data peers clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -23,6 +23,11 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+# The property-based tests with 64x more examples, about 21 000 (MCGRAPH_HYPOTHESIS_SLOW_FACTOR=N for N x).
+test-props-slow: $(STAMP)
+	MCGRAPH_HYPOTHESIS_PROFILE=slow $(PY) -m pytest -q tests/test_properties.py tests/test_properties_nn.py \
+		--hypothesis-show-statistics
 
 bench-smoke: $(STAMP)
 	$(PY) -m pytest -q bench/ --benchmark-disable

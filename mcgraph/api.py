@@ -13,7 +13,7 @@ from . import backend
 from .estimators import chunked_value, collapsed_value, direct_value, fused_value, statistics
 from .estimators.sampling import default_chunk, samples, stream_for
 from .families import GenericForm, distribution_parameters, family_of
-from .integrands import trace
+from .integrands import floating, trace
 from .noise import resolve_seed
 from .tuples import Plan, Tier, classify
 
@@ -84,7 +84,22 @@ def explain(fn: Callable, dist: Distribution, *, method: str = "auto", taylor_or
 
 
 def evaluate(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size: int | None) -> torch.Tensor:
-    """Run a plan: the sum over pieces of chain(Σ term values). ``chunk_size=None``: each tier's default."""
+    """Run a plan: the sum over pieces of chain(Σ term values). ``chunk_size=None``: each tier's default.
+
+    The result has the trace's dtype (:attr:`~mcgraph.integrands.TraceResult.dtype`); an integer
+    or boolean integrand is averaged in the distribution's floating dtype and its result is
+    detached (piecewise constant in w: its pathwise gradient is zero almost everywhere).
+    """
+    traced = plan.trace
+    if traced.discrete:
+        fn = floating(fn, traced.dtype)
+    out = _run_tiers(plan, fn, seed, num_samples, chunk_size)
+    if traced.dtype is not None and out.dtype != traced.dtype:
+        out = out.to(traced.dtype)
+    return out.detach() if traced.discrete else out
+
+
+def _run_tiers(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size: int | None) -> torch.Tensor:
     form, traced = plan.form, plan.trace
 
     def chunk(tier: str) -> int:
@@ -154,7 +169,13 @@ def expectation(fn: Callable, dist: Distribution, num_samples: int, *, seed: int
 
     Returns:
         A tensor of ``fn``'s output shape, differentiable w.r.t. every tensor ``dist``
-        and ``fn`` depend on.
+        and ``fn`` depend on, in ``fn``'s dtype when ``fn`` returns floating values.
+        An integer or boolean ``fn`` (an indicator ``w > 0``, a count) is averaged in
+        ``dist``'s floating dtype: ``E[1{w ∈ A}]`` estimates the probability P(w ∈ A).
+        That result is detached: the integrand is piecewise constant in w, so its
+        pathwise (reparameterisation) gradient is zero almost everywhere, and it is *not*
+        the gradient of the probability (which needs a score-function or a smoothed
+        estimator).
 
     Raises:
         TypeError / ValueError: bad ``num_samples``, ``seed``, ``chunk_size``, ``method``,
@@ -168,6 +189,9 @@ def expectation(fn: Callable, dist: Distribution, num_samples: int, *, seed: int
         >>> e = mg.expectation(lambda w: w ** 2, q, num_samples=10_000, seed=0)
         >>> bool(((e - 1).abs() < 0.1).all())
         True
+        >>> p = mg.expectation(lambda w: w > 0, q, num_samples=10_000, seed=0)   # P(w > 0) = 0.5
+        >>> p.dtype, bool(((p - 0.5).abs() < 0.05).all()), p.requires_grad
+        (torch.float32, True, False)
     """
     num_samples = _check_num_samples(num_samples)
     form = family_of(dist)

@@ -41,6 +41,7 @@ from torch.distributions import (
     LogNormal,
     Normal,
     StudentT,
+    Transform,
     TransformedDistribution,
     Uniform,
     Weibull,
@@ -367,6 +368,9 @@ def _transformed(d: TransformedDistribution):
                 loc = shift + t.scale * loc
             elif not (isinstance(shift, (int, float)) and shift == 0):
                 loc = torch.as_tensor(shift, dtype=scale.dtype, device=scale.device)
+        elif _holds_grad(t):
+            return GenericForm(d, f"{type(t).__name__} has parameters that require grad: a sampling form "
+                                  "differentiates only its base's loc and scale")
         elif t.domain.event_dim == 0 and t.codomain.event_dim == 0 and t.bijective:
             transforms.append(t)
         else:
@@ -374,6 +378,24 @@ def _transformed(d: TransformedDistribution):
     return SamplingForm(noise=base.noise, loc=loc, scale=scale, shape=d.batch_shape + d.event_shape,
                         noise_shape=base.noise_shape, transforms=tuple(transforms),
                         name=f"{type(d).__name__}({base.name})")
+
+
+def _holds_grad(transform: Transform) -> bool:
+    """Whether ``transform`` (or a transform inside it) keeps a tensor that requires grad."""
+    stack, seen = [transform], set()
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, torch.Tensor):
+            if x.requires_grad:
+                return True
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+        elif isinstance(x, Transform):
+            stack.extend(v for k, v in vars(x).items() if k != "_cached_x_y")  # the cache holds samples
+    return False
 
 
 @register_family(LogNormal)

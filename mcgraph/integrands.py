@@ -80,7 +80,8 @@ class PolyNode(Node):
                 lt = logw if b == 1 else logw.pow(b)
                 term = lt if term is None else term * lt
             c = _sub(c, subs)
-            term = c if term is None else c * term
+            # A constant monomial (w / w = w^0) is still a tensor of w's shape: callers expand it.
+            term = torch.zeros_like(w) + c if term is None else c * term
             out = term if out is None else out + term
         return out if out is not None else torch.zeros_like(w)
 
@@ -304,7 +305,7 @@ ELEMENTWISE_OPS: set[str] = {
     "isnan", "isinf", "nan_to_num", "heaviside", "floor", "ceil", "round", "trunc", "frac", "type_as",
     "special_xlog1py", "special_entr", "entr", "log_ndtr", "special_log_ndtr", "ndtr", "special_ndtr",
     "i0", "special_i0e", "special_i1e", "polygamma", "mvlgamma", "hypot", "copysign", "fmod", "remainder",
-    "float", "double", "to",
+    "float", "double", "to", "long", "int", "short", "bool", "byte", "char", "half", "bfloat16",
 }
 
 LINEAR_OPS: set[str] = {
@@ -316,7 +317,9 @@ LINEAR_OPS: set[str] = {
 
 IDENTITY_OPS: set[str] = {"contiguous", "clone", "as_tensor"}
 
-ESCAPES: set[str] = {"bool", "item", "tolist", "float_", "int", "index", "numpy", "nonzero", "any", "all"}
+#: Conversions to Python (``bool(t)``, ``int(t)``, ``t.item()``, …): data-dependent, so the integrand is opaque.
+#: ``float_``/``int_``/``bool_`` are the dunder conversions; ``t.float()``/``t.int()``/``t.bool()`` are casts.
+ESCAPES: set[str] = {"bool_", "item", "tolist", "float_", "int_", "index", "numpy", "nonzero", "any", "all"}
 
 METADATA: set[str] = {
     "shape", "size", "dim", "ndim", "ndimension", "numel", "dtype", "device", "requires_grad", "is_floating_point",
@@ -364,7 +367,7 @@ def _normalise_name(func) -> str:
     if name.startswith("__") and name.endswith("__"):
         name = name[2:-2]
         if name in ("float", "int", "index", "bool"):
-            return {"float": "float_", "int": "int", "index": "index", "bool": "bool"}[name]
+            return {"float": "float_", "int": "int_", "index": "index", "bool": "bool_"}[name]
     return name.rstrip("_") if not name.startswith("_") else name
 
 
@@ -631,16 +634,64 @@ class TraceResult:
         expr: the symbolic expression, or ``None`` when the integrand is opaque.
         out_shape: shape of ``fn(w)`` for one sample.
         reason: why the integrand is opaque (when it is).
+        constant: ``fn``'s value when it does not depend on w.
+        dtype: the expectation's dtype: ``fn``'s when ``fn`` returns floating values, the
+            sample's floating dtype when it returns integers or booleans (see :func:`floating`).
+        discrete: ``fn`` returns integers or booleans; the expression (when there is one)
+            already casts them to ``dtype``.
     """
 
     expr: Expr | None
     out_shape: torch.Size
     reason: str = ""
     constant: torch.Tensor | None = None
+    dtype: torch.dtype | None = None
+    discrete: bool = False
 
     @property
     def opaque(self) -> bool:
         return self.expr is None and self.constant is None
+
+
+def is_discrete(dtype: torch.dtype) -> bool:
+    """Integer or boolean: values whose mean is taken in a floating dtype."""
+    return not (dtype.is_floating_point or dtype.is_complex)
+
+
+def floating(fn: Callable[[torch.Tensor], torch.Tensor], dtype: torch.dtype) -> Callable:
+    """``fn`` with integer or boolean results cast to ``dtype`` (floating results unchanged).
+
+    The Monte Carlo mean of an indicator ``1{w ∈ A}`` is an estimate of the probability
+    P(w ∈ A), a floating value; torch would refuse the mean of booleans and take the mean
+    of integers in its default dtype rather than the distribution's.
+    """
+
+    def cast(w):
+        out = fn(w)
+        return out.to(dtype) if isinstance(out, torch.Tensor) and is_discrete(out.dtype) else out
+
+    return cast
+
+
+def _floating_pieces(expr: Expr, out: torch.Tensor, dtype: torch.dtype, example: torch.Tensor) -> Expr:
+    """``expr`` with every integer or boolean elementwise part cast to ``dtype`` before its linear maps.
+
+    Estimators average the elementwise parts over samples, so those must be floating even
+    where only a later linear map made the result floating (``2.0 * (w > 0).sum()``). The
+    cast before a sum is exact for counts.
+    """
+    pieces = []
+    for p in expr.pieces:
+        if p.expr.programs:
+            if not p.chain:  # the piece is the result itself
+                discrete = is_discrete(out.dtype)
+            else:
+                with torch.no_grad():
+                    discrete = is_discrete(p.expr.node()(example, {}).dtype)
+            if discrete:
+                p = Piece(Elementwise({}, (Call(torch.Tensor.to, (p.expr.node(), dtype), {}),)), p.chain)
+        pieces.append(p)
+    return Expr(tuple(pieces))
 
 
 @contextlib.contextmanager
@@ -669,24 +720,35 @@ def trace(fn: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor) -> 
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    w = Traced(example, VAR)
     try:
         with _validation_on_real_values():
-            out = fn(w)
+            out = _call(fn, Traced(example, VAR))
     except OpaqueIntegrand as e:
         with torch.no_grad():
-            real_out = fn(example)
-        return TraceResult(None, _out_shape(real_out), str(e))
-    except (RuntimeError, IndexError) as e:
-        raise ValueError(f"fn failed on a sample of shape {tuple(example.shape)}: {e}") from e
-    if isinstance(out, Traced):
-        return TraceResult(out._expr, torch.Size(out.shape))
-    if isinstance(out, torch.Tensor):
-        return TraceResult(None, out.shape, "fn does not depend on w", constant=out)
+            real_out = _call(fn, example)
+        shape, dtype = _out_shape(real_out), real_out.dtype
+        return TraceResult(None, shape, str(e), dtype=_mean_dtype(dtype, example), discrete=is_discrete(dtype))
     if isinstance(out, (int, float)):
-        t = torch.as_tensor(out, dtype=example.dtype)
-        return TraceResult(None, t.shape, "fn does not depend on w", constant=t)
-    raise TypeError(f"fn must return a tensor, got {type(out).__name__}")
+        out = torch.as_tensor(out, dtype=example.dtype)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"fn must return a tensor, got {type(out).__name__}")
+    dtype, discrete = _mean_dtype(out.dtype, example), is_discrete(out.dtype)
+    if isinstance(out, Traced):
+        expr = _floating_pieces(out._expr, out, dtype, example)
+        return TraceResult(expr, torch.Size(out.shape), dtype=dtype, discrete=discrete)
+    return TraceResult(None, out.shape, "fn does not depend on w", constant=out.to(dtype), dtype=dtype,
+                       discrete=discrete)
+
+
+def _call(fn, w: torch.Tensor):
+    try:
+        return fn(w)
+    except (RuntimeError, IndexError) as e:
+        raise ValueError(f"fn failed on a sample of shape {tuple(w.shape)}: {e}") from e
+
+
+def _mean_dtype(dtype: torch.dtype, example: torch.Tensor) -> torch.dtype:
+    return example.dtype if is_discrete(dtype) else dtype
 
 
 def _out_shape(out) -> torch.Size:

@@ -3,13 +3,7 @@
 For each (family, integrand, M) the direct estimator (one graph over all M
 samples) is the reference; ``auto``, every applicable forced tier and two chunk
 sizes must give the same value and the same gradients w.r.t. the family's
-parameters.
-
-Tolerances. float64: rtol 1e-9 with an absolute floor of 1e-9 × the largest
-magnitude of the reference (the collapsed tier expands polynomials, so terms
-cancel differently than in the direct sum). float32: rtol 2e-4 / atol 2e-4 ×
-magnitude — a degree-3 expansion with |w| up to ~10 loses about 3 decimal
-digits of float32's ~7 to cancellation, and chunked sums reorder additions.
+parameters, within the tolerances of ``same_noise_tolerances``.
 """
 
 from __future__ import annotations
@@ -23,6 +17,7 @@ from mcgraph import distributions as mgd
 from mcgraph.tuples import Tier
 
 from families_table import FAMILY_FACTORIES, is_positive, make
+from same_noise_tolerances import assert_same as _assert_same
 
 F64 = torch.float64
 
@@ -83,18 +78,6 @@ def _methods(fam, fn, dtype):
         if all(t.tier == Tier.COLLAPSED for t in plan.terms):
             methods.append("collapsed")
     return methods, plan
-
-
-def _assert_same(ref, got, rtol, atol_factor, what):
-    (rv, rg), (gv, gg) = ref, got
-    scale = max(1.0, float(rv.abs().max()))
-    torch.testing.assert_close(gv, rv, rtol=rtol, atol=atol_factor * scale, equal_nan=True, msg=lambda m: f"{what} value: {m}")
-    for k, (a, b) in enumerate(zip(rg, gg)):
-        assert (a is None) == (b is None), f"{what}: gradient {k} connectivity differs"
-        if a is not None:
-            gscale = max(1.0, float(a.abs().max()))
-            torch.testing.assert_close(b, a, rtol=rtol, atol=atol_factor * gscale, equal_nan=True,
-                                       msg=lambda m: f"{what} grad {k}: {m}")
 
 
 @pytest.mark.parametrize("M", [1, 7, 64])

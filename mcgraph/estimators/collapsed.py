@@ -225,7 +225,12 @@ def taylor_value(form: SamplingForm, term: TermPlan, stats: dict) -> torch.Tenso
         deriv = h
         sigma_power = 1
         for k in range(1, K + 1):
-            (deriv,) = torch.autograd.grad(deriv, dummy, torch.ones_like(deriv), create_graph=True)
+            if not deriv.requires_grad:  # h^(k-1) is constant in u (a polynomial's end, |w|'s sign): h^(k) = 0
+                break
+            (deriv,) = torch.autograd.grad(deriv, dummy, torch.ones_like(deriv), create_graph=True,
+                                           allow_unused=True)
+            if deriv is None:
+                break
             sigma_power = form.scale * sigma_power
             out = out + deriv * sigma_power * stats[(k, 0)] / math.factorial(k)
     return out

@@ -48,6 +48,16 @@ def _row_sum(x: torch.Tensor) -> torch.Tensor:
     return (torch.ones(x.shape[0], dtype=x.dtype, device=x.device) @ flat).reshape(x.shape[1:])
 
 
+def _align(x: torch.Tensor, ndim: int) -> torch.Tensor:
+    """Rows ``(n, *s)`` viewed as ``(n, 1, …, 1, *s)`` with ``ndim`` dims after the sample axis.
+
+    ``h``'s tensors may broadcast its output beyond the sample shape (``c * w`` with ``c`` of
+    shape ``(2, 1)`` and ``w`` of shape ``(3,)``); the sample axis must stay in front.
+    """
+    extra = ndim - (x.dim() - 1)
+    return x.reshape((x.shape[0],) + (1,) * extra + tuple(x.shape[1:])) if extra > 0 else x
+
+
 class FusedElementwiseMC(torch.autograd.Function):
     """``y = mean_i h(T(loc + scale·ξ_i))`` with gradients accumulated in the forward pass.
 
@@ -71,24 +81,29 @@ class FusedElementwiseMC(torch.autograd.Function):
             n = xi.shape[0]
             full = (n,) + out_shape
             with torch.enable_grad():
-                u = form.base(xi, loc_d, scale_d).expand(full)
+                u = _align(form.base(xi, loc_d, scale_d), len(out_shape)).expand(full)
                 u_leaf = u.detach().requires_grad_(any(want[:2]))
                 c_leaves = [c.detach().expand(out_shape).requires_grad_(w) if w else c.detach()
                             for c, w in zip(captured, want[2:])]
                 subs = {id(c): leaf for c, leaf in zip(spec.captured, c_leaves)}
                 h = spec.node(form.apply_transforms(u_leaf), subs).expand(full)
                 inputs = ([u_leaf] if any(want[:2]) else []) + [leaf for leaf, w in zip(c_leaves, want[2:]) if w]
-                grads = list(torch.autograd.grad(h, inputs, torch.ones_like(h))) if inputs else []
+                # h may not depend on an input (or carry no gradient at all, like where(w > 0, 1., 0.)):
+                # such a derivative is zero.
+                grads = (list(torch.autograd.grad(h, inputs, torch.ones_like(h), allow_unused=True))
+                         if inputs and h.requires_grad else [None] * len(inputs))
             value += _row_sum(h.detach())
             if any(want[:2]):
                 gu = grads.pop(0)
-                if want[0]:
+                if want[0] and gu is not None:
                     acc[0] += _row_sum(gu)
-                if want[1]:
-                    acc[1] += _row_sum(gu.mul_(xi))
+                if want[1] and gu is not None:
+                    acc[1] += _row_sum(gu.mul_(_align(xi, len(out_shape))))
             for k, w in enumerate(want[2:]):
                 if w:
-                    acc[2 + k] += grads.pop(0)  # already summed over the chunk's rows by autograd
+                    gc = grads.pop(0)
+                    if gc is not None:
+                        acc[2 + k] += gc  # already summed over the chunk's rows by autograd
         m = spec.num_samples
         derivs = [a / m if a is not None else None for a in acc]
         ctx.input_shapes = [None if t is None else t.shape for t in (loc, scale, *captured)]

@@ -1,0 +1,41 @@
+"""The tolerances of the same-noise contract, shared by the table-driven and the property tests.
+
+float64: rtol 1e-9 with an absolute floor of 1e-9 × the largest magnitude of the
+reference (the collapsed tier expands polynomials, so terms cancel differently than
+in the direct sum). float32: rtol 2e-4 / atol 2e-4 × magnitude — a degree-3
+expansion with |w| up to ~10 loses about 3 decimal digits of float32's ~7 to
+cancellation, and chunked sums reorder additions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: dtype -> (rtol, atol as a fraction of the reference's largest magnitude, at least 1).
+TOLERANCES = {torch.float64: (1e-9, 1e-9), torch.float32: (2e-4, 2e-4)}
+
+
+def _magnitude(x: torch.Tensor) -> float:
+    finite = x[torch.isfinite(x)]
+    return max(1.0, float(finite.abs().max())) if finite.numel() else 1.0
+
+
+def assert_same(ref, got, rtol: float, atol_factor: float, what: str, none_is_zero: bool = False) -> None:
+    """``got = (value, grads)`` equals ``ref`` within the tolerances (NaN equals NaN).
+
+    ``none_is_zero``: an absent gradient (``None``) counts as a zero one; otherwise the
+    connectivity (which gradients are ``None``) must agree.
+    """
+    (rv, rg), (gv, gg) = ref, got
+    torch.testing.assert_close(gv, rv, rtol=rtol, atol=atol_factor * _magnitude(rv), equal_nan=True,
+                               msg=lambda m: f"{what} value: {m}")
+    for k, (a, b) in enumerate(zip(rg, gg)):
+        if none_is_zero:
+            if a is None and b is None:
+                continue
+            a = torch.zeros_like(b) if a is None else a
+            b = torch.zeros_like(a) if b is None else b
+        assert (a is None) == (b is None), f"{what}: gradient {k} connectivity differs"
+        if a is not None:
+            torch.testing.assert_close(b, a, rtol=rtol, atol=atol_factor * _magnitude(a), equal_nan=True,
+                                       msg=lambda m: f"{what} grad {k}: {m}")

@@ -1,0 +1,401 @@
+"""Property-based tests of the engine's contracts on drawn families, integrands and arguments.
+
+Hypothesis draws a registered family with random parameters (scalars, broadcasting
+``loc``/``scale``, ``Independent``, chains of transforms, generic ``rsample`` families),
+an integrand from the grammar of ``integrand_grammar``, a dtype, M, a seed and a chunk
+size, and checks:
+
+1. same seed ⇒ same value and gradients in ``direct``, ``auto`` and every forced tier
+   that accepts the integrand, at any chunk size (``same_noise_tolerances``; a zero and
+   an absent gradient are the same);
+2. the result's dtype is ``fn``'s when ``fn`` returns a floating tensor, and the
+   distribution's floating dtype when it returns integers or booleans (the expectation
+   of an indicator is a probability), with ``fn``'s shape; such results carry no gradient;
+3. every error is a ``ValueError``/``TypeError``/``NotImplementedError`` whose message
+   names the offending argument, never a torch internal error;
+4. ``explain`` succeeds wherever ``expectation`` does, with the tiers ``auto`` used.
+
+Examples per test follow the profile of ``hypothesis_profiles`` (``make test-props-slow``
+runs many more). Inputs that once broke a property are pinned with ``@example``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import event, example, given, strategies as st
+from torch import distributions as D
+from torch.distributions import transforms as T
+
+import mcgraph as mg
+import mcgraph.api as api
+from mcgraph import distributions as mgd
+
+from families_table import FAMILY_FACTORIES, is_positive
+from hypothesis_profiles import examples
+from integrand_grammar import (Cast, Coef, Compare, Divide, ExpAffine, Power, Reduce, Unary, W, Where, compile_integrand,
+                              integrands)
+from same_noise_tolerances import TOLERANCES, assert_same
+
+F32, F64 = torch.float32, torch.float64
+
+#: Families with no sampling form (every term goes chunked through ``rsample``), all with
+#: positive support: name -> (mu, s) -> Distribution.
+GENERIC_FAMILIES = {
+    "Beta": lambda mu, s: D.Beta(s + 0.5, 2 * s + 0.5),
+    "Gamma(concentration with grad)": lambda mu, s: D.Gamma(s + 1.0, s),
+    "Kumaraswamy": lambda mu, s: D.Kumaraswamy(s + 0.5, s + 1.0),
+}
+
+#: Elementwise transforms drawn on top of a family: name -> (needs positive input, output positive).
+TRANSFORMS = {"affine": (False, False), "exp": (False, True), "sigmoid": (False, True),
+              "tanh": (False, False), "softplus": (False, True), "power": (True, True)}
+
+
+@dataclass(frozen=True)
+class Family:
+    """A drawn posterior: a factory, parameter shapes and values, transforms and Independent."""
+
+    name: object  # a key of FAMILY_FACTORIES or GENERIC_FAMILIES
+    mu_shape: tuple
+    s_shape: tuple
+    param_seed: int
+    dtype: torch.dtype
+    transforms: tuple = ()  # ((name, value, grad), ...)
+    reinterpreted: int = 0  # Independent(·, reinterpreted) around everything
+
+    def build(self):
+        """``(q, leaves)``: the distribution and the tensors its gradients are taken for."""
+        g = torch.Generator().manual_seed(self.param_seed)
+        mu = (torch.randn(self.mu_shape, generator=g, dtype=F64) * 0.5 + 0.2).to(self.dtype).requires_grad_()
+        s = (torch.rand(self.s_shape, generator=g, dtype=F64) * 0.6 + 0.4).to(self.dtype).requires_grad_()
+        leaves = [mu, s]
+        factory = FAMILY_FACTORIES[self.name][0] if self.name in FAMILY_FACTORIES else GENERIC_FAMILIES[self.name]
+        q = factory(mu, s)
+        if self.transforms:
+            ts = []
+            for name, value, grad in self.transforms:
+                p = torch.tensor(value, dtype=self.dtype, requires_grad=grad)
+                if grad:
+                    leaves.append(p)
+                ts.append({"affine": lambda: T.AffineTransform(p, 0.5 + p * p), "exp": T.ExpTransform,
+                           "sigmoid": T.SigmoidTransform, "tanh": T.TanhTransform,
+                           "softplus": T.SoftplusTransform, "power": lambda: T.PowerTransform(1.0 + p * p)}[name]())
+            q = D.TransformedDistribution(q, ts)
+        if self.reinterpreted:
+            q = D.Independent(q, self.reinterpreted)
+        return q, leaves
+
+    @property
+    def positive(self) -> bool:
+        out = self.name in GENERIC_FAMILIES or is_positive(self.name)
+        for name, _, _ in self.transforms:
+            out = TRANSFORMS[name][1]
+        return out
+
+
+_SHAPES = st.lists(st.integers(1, 3), min_size=0, max_size=2).map(tuple)
+
+
+def _broadcast_variant(shape):
+    """A shape that broadcasts to ``shape``: some dims set to 1, leading dims possibly dropped."""
+    return st.tuples(st.lists(st.booleans(), min_size=len(shape), max_size=len(shape)),
+                     st.integers(0, len(shape))).map(
+        lambda a: tuple(1 if one else d for one, d in zip(a[0], shape))[a[1]:])
+
+
+@st.composite
+def families(draw, dtype=None):
+    names = list(FAMILY_FACTORIES) + list(GENERIC_FAMILIES)
+    name = draw(st.sampled_from(names))
+    shape = draw(_SHAPES)
+    if name is D.Independent and not shape:
+        shape = (2,)
+    mu_shape, s_shape = shape, shape
+    if draw(st.booleans()):
+        mu_shape = draw(_broadcast_variant(shape))
+        s_shape = draw(_broadcast_variant(shape))
+        if name is D.Independent and not torch.broadcast_shapes(mu_shape, s_shape):
+            mu_shape = shape
+    dtype = dtype or draw(st.sampled_from((F64, F32)))
+    fam = Family(name, mu_shape, s_shape, draw(st.integers(0, 2**16)), dtype)
+    elementwise = name not in (D.Independent, mgd.Radial)
+    if elementwise and draw(st.integers(0, 3)) == 0:
+        positive = fam.positive
+        chain = []
+        for _ in range(draw(st.integers(1, 3))):
+            tname = draw(st.sampled_from(sorted(TRANSFORMS)))
+            if TRANSFORMS[tname][0] and not positive:
+                tname = "exp"
+            positive = TRANSFORMS[tname][1]
+            chain.append((tname, draw(st.floats(-1.0, 1.0).map(lambda x: round(x, 3))), draw(st.booleans())))
+        fam = Family(name, mu_shape, s_shape, fam.param_seed, dtype, tuple(chain))
+    batch = len(fam.build()[0].batch_shape)
+    if batch and draw(st.booleans()):
+        fam = Family(fam.name, mu_shape, s_shape, fam.param_seed, dtype, fam.transforms,
+                     draw(st.integers(1, batch)))
+    return fam
+
+
+@dataclass(frozen=True)
+class Case:
+    """One call of the engine: family, integrand, M, seed, chunk size."""
+
+    family: Family
+    integrand: object
+    num_samples: int
+    seed: int
+    chunk: int
+
+    def run(self, method: str, chunk_size):
+        q, leaves = self.family.build()
+        fn, fn_leaves = compile_integrand(self.integrand, self.family.dtype)
+        value = mg.expectation(fn, q, self.num_samples, seed=self.seed, method=method, chunk_size=chunk_size)
+        targets = leaves + fn_leaves
+        grads = (torch.autograd.grad(value.sum(), targets, allow_unused=True) if value.requires_grad
+                 else (None,) * len(targets))
+        return value, grads
+
+    def reference_output(self):
+        """``fn`` on one sample: its dtype and shape (and the sample's dtype)."""
+        q, _ = self.family.build()
+        fn, _ = compile_integrand(self.integrand, self.family.dtype)
+        with torch.no_grad():
+            w = q.sample()
+            return fn(w), w.dtype
+
+
+@st.composite
+def cases(draw):
+    fam = draw(families())
+    q, _ = fam.build()
+    sample_shape = tuple(q.batch_shape + q.event_shape)
+    integrand = draw(integrands(positive=fam.positive, sample_shape=sample_shape))
+    M = draw(st.integers(1, 24))
+    return Case(fam, integrand, M, draw(st.integers(0, 2**31)), draw(st.integers(1, M + 3)))
+
+
+# --------------------------------------------------------------------------- helpers
+
+#: The arguments of ``expectation`` / ``explain`` an error message may name.
+ARGUMENTS = ("fn", "dist", "num_samples", "seed", "method", "chunk_size", "taylor_order")
+_NAMED = re.compile(r"\b(" + "|".join(ARGUMENTS) + r")\b")
+NOT_APPLICABLE = re.compile(r"method='[\w-]+' does not apply to term")
+
+
+def assert_ours(exc: BaseException, bad: tuple = ARGUMENTS) -> None:
+    """A documented error type whose message names one of the ``bad`` arguments."""
+    assert isinstance(exc, (ValueError, TypeError, NotImplementedError)), \
+        f"raw {type(exc).__name__} escaped: {exc}"
+    named = set(_NAMED.findall(str(exc)))
+    assert named & set(bad), f"{type(exc).__name__} names none of {bad}: {exc}"
+
+
+@contextlib.contextmanager
+def recorded_plans():
+    """The plans ``expectation`` classifies (api.classify observed, not replaced)."""
+    plans = []
+    original = api.classify
+
+    def observe(*args, **kwargs):
+        plan = original(*args, **kwargs)
+        plans.append(plan)
+        return plan
+
+    api.classify = observe
+    try:
+        yield plans
+    finally:
+        api.classify = original
+
+
+def _expected_dtype(out: torch.Tensor, sample_dtype: torch.dtype) -> torch.dtype:
+    return out.dtype if (out.is_floating_point() or out.is_complex()) else sample_dtype
+
+
+# --------------------------------------------------------------------------- properties 1, 2, 4
+
+# Regressions: each pinned input once broke a property.
+_NORMAL = Family(D.Normal, (3,), (3,), 0, F64)
+
+
+@given(case=cases())
+@example(case=Case(_NORMAL, Compare(W(), ">", 0.0), 50, 1, 7))  # P(w > 0): bool, raw torch error
+@example(case=Case(_NORMAL, Cast(Compare(W(), ">", 0.0), "long"), 50, 1, 7))  # int: float32 under float64
+@example(case=Case(_NORMAL, Reduce(Compare(W(), ">", 0.0), "sum"), 9, 3, 2))  # a count: direct failed
+@example(case=Case(Family("Kumaraswamy", (2,), (2,), 0, F64), W(), 5, 0, 2))  # fused dropped grads of a, b
+@example(case=Case(Family(D.Normal, (2,), (2,), 0, F64, (("exp", 0.0, False), ("power", 0.5, True))),
+                   Unary("abs", W()), 5, 0, 2))  # ... and of a PowerTransform's exponent
+@example(case=Case(Family(D.HalfCauchy, (), (), 0, F32), Coef(W(), (-1.588, 0.1), (2,)), 2, 5, 2))  # fused: wrong
+@example(case=Case(_NORMAL, Coef(ExpAffine(W(), 0.3, -1.0), (-1.0, 2.0), (2, 1), True), 30, 5, 20))  # fused: raised
+@example(case=Case(Family(D.HalfCauchy, (), (), 2, F32), Divide(W(True), W(True)), 2, 3, 3))  # w/w: a float, no tensor
+@example(case=Case(Family(D.HalfCauchy, (), (), 2, F32),
+                   Where(Compare(Divide(W(True), W(True)), "<=", 0.5), W(True), Power(W(True), 2)), 2, 3, 3))
+@example(case=Case(Family(mgd.Logistic, (), (), 474, F64), Reduce(Cast(Compare(W(), ">", 0.0), "double"), "flip_scale"),
+                   3, 3, 1))  # 2.0 * a boolean's linear map: a float result from a boolean term
+@examples(150)
+def test_same_seed_same_value_and_gradients(case):
+    out, sample_dtype = case.reference_output()
+    dtype = _expected_dtype(out, sample_dtype)
+    rtol, atol = TOLERANCES[case.family.dtype]
+    try:
+        ref = case.run("direct", None)
+    except Exception as e:  # noqa: BLE001 — any error must be one of ours; then every method fails alike
+        event(f"direct raised {type(e).__name__}")
+        assert_ours(e)
+        with pytest.raises(type(e)):
+            case.run("auto", None)
+        return
+    with recorded_plans() as plans:
+        auto = case.run("auto", None)
+    assert plans, "expectation formed no plan through api.classify: observe auto's plan where it is formed"
+    plan = mg.explain(*_explain_args(case))
+    assert plan.tiers == plans[-1].tiers, f"explain says {plan.tiers}, auto used {plans[-1].tiers}"
+    event(f"auto tiers: {' + '.join(sorted({str(t) for t in plan.tiers})) or 'constant'}")
+    event(f"result dtype: {dtype}" + (" (boolean/integer fn)" if not out.is_floating_point() else ""))
+    runs = [("direct", None), ("auto", None)] + [(m, case.chunk) for m in ("auto", "collapsed", "fused", "chunked")]
+    for method, chunk in runs:
+        try:
+            got = {("direct", None): ref, ("auto", None): auto}.get((method, chunk)) or case.run(method, chunk)
+        except ValueError as e:
+            if method in ("collapsed", "fused") and NOT_APPLICABLE.search(str(e)):
+                with pytest.raises(ValueError, match=NOT_APPLICABLE):
+                    mg.explain(*_explain_args(case), method=method)
+                continue
+            raise
+        value, what = got[0], f"{method}/chunk={chunk}"
+        assert value.dtype == dtype, f"{what}: dtype {value.dtype}, expected {dtype}"
+        assert value.shape == out.shape, f"{what}: shape {tuple(value.shape)}, expected {tuple(out.shape)}"
+        if not (out.is_floating_point() or out.is_complex()):
+            assert not value.requires_grad, f"{what}: a boolean/integer integrand's result requires grad"
+        assert_same((ref[0].detach(), ref[1]), (value.detach(), got[1]), rtol, atol, what, none_is_zero=True)
+
+
+def _explain_args(case):
+    q, _ = case.family.build()
+    fn, _ = compile_integrand(case.integrand, case.family.dtype)
+    return fn, q
+
+
+# --------------------------------------------------------------------------- property 3: errors
+
+
+class Bad:
+    """A bad argument value, labelled for Hypothesis' output."""
+
+    def __init__(self, value, label):
+        self.value, self.label = value, label
+
+    def __repr__(self):
+        return f"Bad({self.label})"
+
+
+def _bad_fns(dtype):
+    return st.sampled_from([
+        Bad(3, "not callable"),
+        Bad(lambda w: "w", "returns a str"),
+        Bad(lambda w: [w], "returns a list"),
+        Bad(lambda w: None, "returns None"),
+        Bad(lambda w: w @ torch.ones(7, 7, dtype=dtype), "shape mismatch inside"),
+        Bad(lambda w: w.reshape(-1, 11), "bad reshape"),
+        Bad(lambda w: w.reshape(-1)[100], "index out of range"),
+    ])
+
+
+_BAD_DISTS = st.sampled_from([
+    Bad("normal", "a string"),
+    Bad(torch.zeros(3), "a tensor"),
+    Bad(D.Bernoulli(torch.tensor([0.3, 0.6])), "no rsample"),
+    Bad(D.Categorical(torch.tensor([0.3, 0.7])), "no rsample, integer support"),
+    Bad(D.Normal(torch.tensor([0.0, float("nan")]), torch.tensor([1.0, 1.0]), validate_args=False), "NaN loc"),
+    Bad(D.Laplace(torch.tensor([0.0, 1.0]), torch.tensor([1.0, float("inf")]), validate_args=False), "inf scale"),
+])
+
+_BAD = {
+    "num_samples": [0, -3, 2.5, True, "10", None, torch.tensor(5), float("nan")],
+    "seed": [-1, 1.5, "0", True, torch.tensor(3)],
+    "method": ["Auto", "", None, 3, "collapsed_exact"],
+    "chunk_size": [0, -1, 2.5, True, "4", float("inf")],
+    "taylor_order": [0, -2, 1.5, True, "2"],
+}
+_GOOD = {
+    "num_samples": st.one_of(st.integers(1, 20), st.just(np.int64(7))),
+    "seed": st.one_of(st.none(), st.integers(0, 2**40)),
+    "method": st.sampled_from(["auto", "direct", "chunked", "fused", "collapsed", "collapsed-exact"]),
+    "chunk_size": st.one_of(st.none(), st.integers(1, 25)),
+    "taylor_order": st.one_of(st.none(), st.integers(1, 3)),
+}
+
+
+@st.composite
+def calls(draw):
+    """Arguments of ``expectation``, each either good or (sometimes) bad; the bad ones are named."""
+    fam = draw(families())
+    q, _ = fam.build()
+    bad = set()
+    fn = draw(integrands(positive=fam.positive, sample_shape=tuple(q.batch_shape + q.event_shape)))
+    if draw(st.integers(0, 4)) == 0:
+        fn, bad = draw(_bad_fns(fam.dtype)), bad | {"fn"}
+    dist = fam
+    if draw(st.integers(0, 5)) == 0:
+        dist, bad = draw(_BAD_DISTS), bad | {"dist"}
+    kwargs = {}
+    for name, good in _GOOD.items():
+        if draw(st.integers(0, 6)) == 0:
+            kwargs[name] = Bad(draw(st.sampled_from(_BAD[name])), name)
+            bad.add(name)
+        else:
+            kwargs[name] = draw(good)
+    return fn, dist, kwargs, tuple(sorted(bad)), fam.dtype
+
+
+def _value(x):
+    return x.value if isinstance(x, Bad) else x
+
+
+@given(call=calls())
+@examples(150)
+def test_every_error_is_ours_and_explain_never_fails_where_expectation_succeeds(call):
+    node, dist, kwargs, bad, dtype = call
+    q = dist.build()[0] if isinstance(dist, Family) else dist.value
+    fn = node.value if isinstance(node, Bad) else compile_integrand(node, dtype)[0]
+    args = {k: _value(v) for k, v in kwargs.items()}
+    try:
+        mg.expectation(fn, q, args["num_samples"], seed=args["seed"], method=args["method"],
+                       chunk_size=args["chunk_size"], taylor_order=args["taylor_order"])
+    except Exception as e:  # noqa: BLE001 — the property is about what is raised
+        event(f"raised {type(e).__name__} ({'bad ' + '+'.join(bad) if bad else 'good arguments'})")
+        assert_ours(e, bad or ARGUMENTS)
+        if not bad:  # good arguments may still be refused: a forced tier or Taylor order that does not apply
+            assert NOT_APPLICABLE.search(str(e)) or "collapsed-exact" in str(e), f"good call refused: {e}"
+        return
+    event("succeeded")
+    assert not bad, f"bad {bad} accepted"
+    mg.explain(fn, q, method=args["method"], taylor_order=args["taylor_order"])
+
+
+# --------------------------------------------------------------------------- boolean integrands: values
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("method", ["auto", "fused", "chunked", "direct"])
+def test_probability_of_positive_weight_matches_the_normal_cdf(dtype, method):
+    """E[1{w > 0}] = Φ(μ/σ) for w ~ N(μ, σ²); z-test per element, |z| < 4.5 (false-alarm rate 7e-6 each)."""
+    M = 4000
+    mu = torch.tensor([-1.0, -0.2, 0.0, 0.3, 1.5], dtype=dtype)
+    sigma = torch.tensor([0.5, 1.0, 2.0, 0.7, 1.2], dtype=dtype)
+    q = D.Normal(mu.clone().requires_grad_(), sigma)
+    p_hat = mg.expectation(lambda w: w > 0, q, M, seed=3, method=method)
+    assert p_hat.dtype == dtype and p_hat.shape == mu.shape and not p_hat.requires_grad
+    p = 0.5 * (1 + torch.erf(mu.double() / (sigma.double() * math.sqrt(2))))
+    z = (p_hat.double() - p) / torch.sqrt(p * (1 - p) / M).clamp_min(1e-12)
+    assert bool((z.abs() < 4.5).all()), f"z = {z.tolist()}"
+    count = mg.expectation(lambda w: (w > 0).long().sum(), q, M, seed=3, method=method)
+    assert count.dtype == dtype and count.shape == ()
+    torch.testing.assert_close(count, p_hat.sum(), rtol=1e-5 if dtype == F32 else 1e-12, atol=0)
