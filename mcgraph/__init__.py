@@ -12,11 +12,12 @@ from .integrands import register_integrand, trace
 from .tuples import Plan, TermPlan, Tier, classify
 
 from . import nn  # noqa: E402  (the layers build on the functional API above)
+from . import optim  # noqa: E402  (the optimizers build on mcgraph.nn)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "FAMILIES", "GenericForm", "GraphSize", "Plan", "SamplingForm", "TermPlan", "Tier", "classify",
     "distributions", "expectation", "explain", "family_of", "graph_size", "kl_divergence", "metrics",
-    "models", "nn", "register_family", "register_integrand", "set_validate_args", "trace",
+    "models", "nn", "optim", "register_family", "register_integrand", "set_validate_args", "trace",
 ]

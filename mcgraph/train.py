@@ -34,7 +34,7 @@ from . import metrics
 from .data import DATASETS, load_dataset
 from .models import MODELS, get_model
 
-__all__ = ["main", "build_parser", "build_model", "mlp", "evaluate", "train"]
+__all__ = ["main", "build_parser", "build_model", "mlp", "evaluate", "prediction_metrics", "load_splits", "train"]
 
 
 def mlp(num_classes: int, in_features: int, hidden: tuple[int, ...] = (256, 256)) -> nn.Sequential:
@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=None, help="output directory (default runs/<model>-<dataset>-<time>)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    from .optim.training import add_arguments
+
+    add_arguments(p)  # --optimizer vogn|adaptive-vb|adam and its options (absent: the ELBO training below)
     return p
 
 
@@ -149,19 +152,24 @@ def predict_probs(model: nn.Module, x: torch.Tensor, num_samples: int, batch_siz
     return torch.cat(out)
 
 
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_samples: int, batch_size: int,
-             device) -> dict:
-    """Accuracy, NLL, ECE (15 bins), Brier score and mean predictive entropy on ``(x, y)``."""
-    probs = predict_probs(model, x, num_samples, batch_size, device)
-    out = {
+def prediction_metrics(probs: torch.Tensor, y: torch.Tensor) -> dict:
+    """Accuracy, NLL, ECE (15 bins), Brier score, mean predictive entropy and the count of ``probs`` ``(N, K)``."""
+    return {
         "accuracy": float(metrics.accuracy(probs, y)),
         "nll": float(metrics.nll(probs, y)),
         "ece": float(metrics.ece(probs, y, num_bins=15)),
         "brier": float(metrics.brier(probs, y)),
         "entropy": float(metrics.predictive_entropy(probs).mean()),
-        "num_samples": num_samples if _is_bayesian(model) else 1,
         "examples": int(y.shape[0]),
     }
+
+
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_samples: int, batch_size: int,
+             device) -> dict:
+    """Accuracy, NLL, ECE (15 bins), Brier score and mean predictive entropy on ``(x, y)``."""
+    probs = predict_probs(model, x, num_samples, batch_size, device)
+    out = prediction_metrics(probs, y)
+    out["num_samples"] = num_samples if _is_bayesian(model) else 1
     if _is_bayesian(model):
         import mcgraph.nn as mnn
 
@@ -203,14 +211,9 @@ def _checkpoint(path: Path, model, optimizer, epoch: int, step: int, args) -> No
                 "args": vars(args)}, path)
 
 
-def train(args) -> dict:
-    """Run the training of ``args`` (from :func:`build_parser`); returns the summary dict."""
-    import mcgraph.nn as mnn
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    device = torch.device(args.device)
+def load_splits(args):
+    """``(dataset, (x_train, y_train), (x_test, y_test), (x_eval, y_eval))`` of ``args`` (limits applied;
+    the evaluation split is the validation set when the dataset has one, else the test set)."""
     image_size = args.image_size
     if image_size is None and args.model == "lenet5" and args.dataset in ("digits",):
         image_size = 28
@@ -224,6 +227,40 @@ def train(args) -> dict:
     x_eval, y_eval = (ds.x_val, ds.y_val) if ds.x_val is not None else (x_test, y_test)
     if args.limit_test and x_eval is not None:
         x_eval, y_eval = x_eval[:args.limit_test], y_eval[:args.limit_test]
+    return ds, (x_train, y_train), (x_test, y_test), (x_eval, y_eval)
+
+
+def resume_log(args, out: Path, start_epoch: int, n_train: int):
+    """``(shuffling generator, history rows, metrics.jsonl path)`` for a run starting at ``start_epoch``.
+
+    The generator has drawn the shuffles of the epochs already done; after a resume the log
+    keeps only their rows.
+    """
+    gen = torch.Generator().manual_seed(args.seed)
+    for _ in range(start_epoch):  # the same shuffles after a resume
+        torch.randperm(n_train, generator=gen)
+    history = []
+    log_path = out / "metrics.jsonl"
+    if args.resume and log_path.is_file():  # keep the epochs already done
+        rows = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+        history = [r for r in rows if r.get("epoch", 0) <= start_epoch]
+        log_path.write_text("".join(json.dumps(r) + "\n" for r in history))
+    return gen, history, log_path
+
+
+def train(args) -> dict:
+    """Run the training of ``args`` (from :func:`build_parser`); returns the summary dict."""
+    import mcgraph.nn as mnn
+
+    if getattr(args, "optimizer", None):
+        from .optim.training import train as train_with_optimizer
+
+        return train_with_optimizer(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    ds, (x_train, y_train), (x_test, y_test), (x_eval, y_eval) = load_splits(args)
 
     model = build_model(args, ds.input_shape, ds.num_classes).to(device)
     bayes = _is_bayesian(model)
@@ -246,15 +283,7 @@ def train(args) -> dict:
     _log(f"{'BNN' if bayes else 'deterministic'} {args.model} on {args.dataset}: {n_params:,} parameters, "
          f"{n_train} training examples, {batches} batches/epoch -> {out}")
 
-    gen = torch.Generator().manual_seed(args.seed)
-    for _ in range(start_epoch):  # the same shuffles after a resume
-        torch.randperm(n_train, generator=gen)
-    history = []
-    log_path = out / "metrics.jsonl"
-    if args.resume and log_path.is_file():  # keep the epochs already done
-        rows = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
-        history = [r for r in rows if r.get("epoch", 0) <= start_epoch]
-        log_path.write_text("".join(json.dumps(r) + "\n" for r in history))
+    gen, history, log_path = resume_log(args, out, start_epoch, n_train)
     t_train = sum(r.get("time_s", 0.0) for r in history)
     for epoch in range(start_epoch, args.epochs):
         for group in optimizer.param_groups:

@@ -69,6 +69,7 @@ class TargetResult:
         wall_s: wall time of the run (set by :func:`timed`).
         env: versions and machine facts.
         params: the target's settings (what ``--quick`` chose), so a report can be rebuilt from the JSON.
+        paper: the publication the target reproduces (default: the UAI 2021 paper of this folder).
     """
 
     target: str
@@ -84,6 +85,7 @@ class TargetResult:
     wall_s: float = 0.0
     env: dict = field(default_factory=dict)
     params: dict = field(default_factory=dict)
+    paper: str = PAPER
 
     def compare(self, quantity: str, paper, ours, scale: str, why: str) -> None:
         self.comparisons.append(Comparison(quantity, str(paper), str(ours), scale, why))
@@ -184,7 +186,7 @@ def render_markdown(data: dict, png: str | None) -> str:
     lines = [f"# {data['title']}", "",
              f"Target `{data['target']}`, mode: {mode}, base seed {data['seed']}, wall time "
              f"{data['wall_s']:.1f} s, status: {data['status']}.", "",
-             f"Paper: {PAPER}.", "", "## Scale", "", data["scale"], ""]
+             f"Paper: {data.get('paper', PAPER)}.", "", "## Scale", "", data["scale"], ""]
     if data.get("seeds"):
         lines += [f"Seeds: {data['seeds']}", ""]
     lines += ["## Paper vs ours", "", comparison_table(data["comparisons"]), ""]
@@ -198,7 +200,7 @@ def render_markdown(data: dict, png: str | None) -> str:
 
 
 #: Order of the targets in the index (the CLI's ``all`` order).
-ORDER = ("table1", "theorems", "fig2_left", "fig2_right", "fig1_fig6", "fig7_fig8")
+ORDER = ("table1", "theorems", "fig2_left", "fig2_right", "fig1_fig6", "fig7_fig8", "vogn_table", "spike_slab")
 
 
 def write_index(out_dir: str | os.PathLike) -> Path:
@@ -226,7 +228,10 @@ def write_index(out_dir: str | os.PathLike) -> Path:
     if missing:
         lines += [f"Not run into this folder yet: {', '.join(missing)}.", ""]
     for d in found:
-        lines += [f"## {d['title']} (`{d['target']}`)", "", d["scale"], "", comparison_table(d["comparisons"]), ""]
+        lines += [f"## {d['title']} (`{d['target']}`)", ""]
+        if d.get("paper", PAPER) != PAPER:
+            lines += [f"Paper: {d['paper']}.", ""]
+        lines += [d["scale"], "", comparison_table(d["comparisons"]), ""]
         if (out / f"{d['target']}.png").is_file():
             lines += [f"![{d['target']}]({d['target']}.png)", ""]
     path = out / "README.md"

@@ -10,7 +10,9 @@ MODULES = ["mcgraph.api", "mcgraph.diagnostics", "mcgraph.metrics", "mcgraph.dis
            "mcgraph.distributions.logistic", "mcgraph.distributions.rayleigh", "mcgraph.distributions.horseshoe",
            "mcgraph.models.registry", "mcgraph.backend", "mcgraph.kernels.reference", "mcgraph.nn.layers",
            "mcgraph.nn.convert", "mcgraph.nn.variational", "mcgraph.nn.prediction", "mcgraph.nn.likelihood",
-           "mcgraph.nn.scales"]
+           "mcgraph.nn.scales", "mcgraph.optim.per_example", "mcgraph.optim.gaussian", "mcgraph.optim.vogn",
+           "mcgraph.optim.adaptive_vb", "mcgraph.optim.sghmc", "mcgraph.optim.schedules", "mcgraph.optim.snapshots",
+           "mcgraph.optim.spike_slab", "mcgraph.optim.shrink"]
 
 
 # Modules whose examples use a peer library (`make interop` installs them): skipped without it.
