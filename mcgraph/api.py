@@ -207,11 +207,15 @@ def expectation(fn: Callable, dist: Distribution, num_samples: int, *, seed: int
 def _no_validation(dist: Distribution):
     """Evaluate ``dist.log_prob`` without per-call validation (its support is checked once on a sample)."""
     old = dist.__dict__.get("_validate_args", None)
+    managed = isinstance(getattr(type(dist), "_validate_args", None), property)  # e.g. Pyro's Independent
+    before = dist._validate_args
     dist._validate_args = False
     try:
         yield
     finally:
-        if old is None:
+        if managed:
+            dist._validate_args = before
+        elif old is None:
             del dist._validate_args
         else:
             dist._validate_args = old

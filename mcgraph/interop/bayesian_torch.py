@@ -1,0 +1,180 @@
+"""bayesian-torch (Intel Labs, ``pip install --no-deps bayesian-torch``): KL, sites and conversion.
+
+Recognised layers (subclasses of ``BaseVariationalLayer_``): ``LinearReparameterization``,
+``Conv{1,2,3}dReparameterization``, ``ConvTranspose{1,2,3}dReparameterization`` and their
+``…Flipout`` versions, with Parameters ``mu_weight``/``rho_weight`` (Linear) or
+``mu_kernel``/``rho_kernel`` (convolutions) and ``mu_bias``/``rho_bias``, σ = log(1 + e^ρ), and
+the prior N(``prior_weight_mu``, ``prior_weight_sigma``²) from per-element buffers (the
+constructor's ``prior_variance`` is used as a standard deviation; MOPED sets the means per
+weight). ``LSTMReparameterization`` / ``LSTMFlipout`` hold two such Linear layers (``ih``,
+``hh``), which are its sites.
+
+* :func:`kl` replaces ``get_kl_loss(model)``: closed-form Normal KL (exact) under
+  ``method="auto"``; ``reduction="per_tensor_mean"`` reproduces bayesian-torch's scaling (the
+  mean over each tensor's elements, summed over tensors). Not reproduced: ``get_kl_loss``
+  counts an LSTM's KL twice (the LSTM and its ``ih``/``hh`` children all have ``kl_loss``) and
+  the LSTM's forward adds it once per time step.
+* :func:`to_mcgraph` converts models built by ``dnn_to_bnn`` (``dnn_to_bnn_flag=True``, layers
+  returning only their output). A prior whose buffers hold one value (the usual case) becomes that
+  scalar Normal; per-element priors (MOPED) stay buffers shared with the converted layer; flipout layers become ``flipout=True`` layers (mcgraph's
+  flipout draws signs per example and channel, bayesian-torch's per element: the same
+  estimator in distribution). Layers returning ``(out, kl)`` tuples and LSTMs are refused.
+
+Their forward refills a noise buffer in place (``eps_weight.data.normal_()``), so M samples
+summed into one graph give wrong σ-gradients; :func:`mcgraph.interop.elbo_backward` and
+:func:`to_mcgraph` + ``mg.nn.elbo`` give correct ones.
+
+Example:
+    >>> import torch, mcgraph as mg, mcgraph.interop.bayesian_torch as ibt
+    >>> from bayesian_torch.models.dnn_to_bnn import dnn_to_bnn, get_kl_loss
+    >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    >>> dnn_to_bnn(net, {"prior_mu": 0.0, "prior_sigma": 1.0, "posterior_mu_init": 0.0,
+    ...                  "posterior_rho_init": -3.0, "type": "Reparameterization", "moped_enable": False})
+    >>> torch.allclose(ibt.kl(net, 1, reduction="per_tensor_mean"), get_kl_loss(net))
+    True
+    >>> bnn = ibt.to_mcgraph(net)
+    >>> bnn[0].weight_rho is net[0].rho_weight          # the same Parameter object
+    True
+    >>> x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
+    >>> (-mg.nn.elbo(bnn, x, y, num_samples=32, dataset_size=100, seed=0)).backward()
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import torch
+from torch import nn
+from torch.distributions import Normal
+
+from ..nn.scales import scale_transform
+from . import convert, divergence
+from .priors import BufferNormalPrior, NormalPrior
+from .registry import LibraryAdapter, VariationalSite, class_names, parameter, qualified, register_adapter, site_name
+from .registry import sites as _sites
+
+__all__ = ["BayesianTorchAdapter", "sites", "kl", "to_mcgraph"]
+
+NAME = "bayesian-torch"
+_WEIGHTS = (("mu_weight", "rho_weight"), ("mu_kernel", "rho_kernel"))
+
+
+def _weight_names(module: nn.Module):
+    for mu, rho in _WEIGHTS:
+        if parameter(module, mu) is not None and parameter(module, rho) is not None:
+            return mu, rho
+    return None
+
+
+def _prior(module: nn.Module, role: str) -> Normal:
+    loc, scale = getattr(module, f"prior_{role}_mu"), getattr(module, f"prior_{role}_sigma")
+    if loc.shape != scale.shape:  # bayesian-torch 0.5.0's ConvTranspose{1,2,3}dFlipout: sigma in the Conv layout
+        raise ValueError(f"prior_{role}_mu has shape {tuple(loc.shape)} but prior_{role}_sigma has shape "
+                         f"{tuple(scale.shape)}")
+    return Normal(loc, scale, validate_args=False)
+
+
+def _single_value(loc: torch.Tensor, scale: torch.Tensor):
+    """``(μ, σ)`` when each buffer holds one value throughout, else ``None``."""
+    if loc.numel() and bool((loc == loc.reshape(-1)[0]).all()) and bool((scale == scale.reshape(-1)[0]).all()):
+        return float(loc.reshape(-1)[0]), float(scale.reshape(-1)[0])
+    return None
+
+
+def _per_tensor_mean(found: Sequence[VariationalSite], values: Sequence[torch.Tensor]) -> torch.Tensor:
+    """bayesian-torch's scaling: each tensor's KL averaged over its elements, summed over tensors."""
+    return torch.stack([v / s.numel for s, v in zip(found, values)]).sum()
+
+
+@register_adapter
+class BayesianTorchAdapter(LibraryAdapter):
+    """Reads bayesian-torch's reparameterization and flipout layers (see the module docstring)."""
+
+    name = NAME
+    pip = "bayesian-torch"
+    packages = ("bayesian_torch",)
+    reductions = {"per_tensor_mean": _per_tensor_mean}
+
+    def owns(self, module: nn.Module) -> bool:
+        return ("BaseVariationalLayer_" in class_names(module) and _weight_names(module) is not None
+                and hasattr(module, "prior_weight_mu") and hasattr(module, "prior_weight_sigma"))
+
+    def layer_sites(self, module: nn.Module, name: str, **options) -> list[VariationalSite]:
+        if options:
+            raise TypeError(f"bayesian-torch sites take no options, got {sorted(options)}")
+        softplus = scale_transform("softplus")
+        mu, rho = _weight_names(module)
+        out = [VariationalSite(site_name(name, "weight"), NAME, module, "weight", getattr(module, mu),
+                               getattr(module, rho), softplus, functools.partial(_prior, module, "weight"))]
+        if parameter(module, "mu_bias") is not None:
+            out.append(VariationalSite(site_name(name, "bias"), NAME, module, "bias", module.mu_bias, module.rho_bias,
+                                       softplus, functools.partial(_prior, module, "bias")))
+        return out
+
+    def to_layer(self, module: nn.Module, name: str, *, kl_samples: int, **options) -> nn.Module:
+        if options:
+            raise TypeError(f"bayesian-torch conversion takes no options, got {sorted(options)}")
+        cls = type(module).__name__
+        if not getattr(module, "dnn_to_bnn_flag", False):
+            raise TypeError(
+                f"{qualified(name, module)} returns (out, kl) tuples (dnn_to_bnn_flag is False) that the model's "
+                f"own forward unpacks, so an mcgraph layer, which returns only its output, cannot take its place. "
+                f"Models built by bayesian_torch.models.dnn_to_bnn.dnn_to_bnn convert; for this one use "
+                f"mcgraph.interop.elbo_backward with mcgraph.interop.bayesian_torch.kl")
+        if cls.startswith("Linear"):
+            kind = "linear"
+        elif cls.startswith("ConvTranspose"):
+            kind = "conv_transpose"
+        elif cls.startswith("Conv"):
+            kind = "conv"
+        else:
+            raise TypeError(f"{qualified(name, module)}: only bayesian-torch's Linear, Conv and ConvTranspose "
+                            f"layers (Reparameterization or Flipout) convert to mcgraph layers")
+        found = self.layer_sites(module, name)
+        layer = convert.mcgraph_layer(kind, module, found[0], found[1] if len(found) > 1 else None,
+                                      kl_samples=kl_samples, flipout=cls.endswith("Flipout"))
+        roles = ("weight", "bias")[:len(found)]
+        values = {_single_value(getattr(module, f"prior_{r}_mu"), getattr(module, f"prior_{r}_sigma")) for r in roles}
+        if len(values) == 1 and None not in values:
+            layer.prior_spec = NormalPrior(*values.pop())  # one value throughout: a scalar prior (cheaper KL)
+            return layer
+        for role in roles:  # per-element priors (MOPED): the buffers are shared, read when used
+            for what in ("mu", "sigma"):
+                key = f"prior_{role}_{what}"
+                layer.register_buffer(key, getattr(module, key), persistent=False)
+        layer.prior_spec = BufferNormalPrior(layer)
+        return layer
+
+    def refusal(self, module: nn.Module, name: str) -> str:
+        if "LSTM" in type(module).__name__:
+            return (f"{qualified(name, module)}: bayesian-torch's LSTM layers have no mcgraph counterpart (and "
+                    f"resample their weights through one noise buffer at every time step); train the model as it is "
+                    f"with mcgraph.interop.elbo_backward and mcgraph.interop.bayesian_torch.kl")
+        return (f"{qualified(name, module)} is a bayesian-torch module that passes (out, kl) tuples and has no mcgraph "
+                f"counterpart; train the model as it is with mcgraph.interop.elbo_backward and "
+                f"mcgraph.interop.bayesian_torch.kl")
+
+
+def sites(model: nn.Module) -> list[VariationalSite]:
+    """The sites of a bayesian-torch model (see :func:`mcgraph.interop.sites`)."""
+    return _sites(model, library=NAME)
+
+
+def kl(model: nn.Module, num_samples: int, *, seed: int | None = None, method: str = "auto",
+       reduction: str = "sum") -> torch.Tensor:
+    """KL(q ‖ p) of a bayesian-torch model: ``reduction="per_tensor_mean"`` equals ``get_kl_loss(model)``.
+
+    See :func:`mcgraph.interop.kl` for the arguments; under ``method="auto"`` every site is the
+    closed-form Normal KL (``num_samples`` is unused); an engine method estimates it with M samples.
+    """
+    return divergence.kl(model, num_samples, seed=seed, method=method, reduction=reduction, library=NAME)
+
+
+def to_mcgraph(model: nn.Module, *, kl_samples: int = 1, inplace: bool = False) -> nn.Module:
+    """Swap a ``dnn_to_bnn`` model's layers for mcgraph layers holding the same Parameters.
+
+    See :mod:`mcgraph.interop.convert`. σ = softplus(ρ); Flipout layers keep flipout; the prior is
+    the scalar N(μ, σ²) when the buffers hold one value, else the shared per-element buffers (MOPED).
+    """
+    return convert.to_mcgraph(model, NAME, kl_samples=kl_samples, inplace=inplace)

@@ -1,0 +1,128 @@
+"""KL(q ‖ p) of a foreign model, summed over its sites or scaled as its library scales it.
+
+.. math::
+    KL(q\\|p) = \\sum_{\\text{sites } s} \\sum_j KL\\big(q_{sj} \\,\\|\\, p_{sj}\\big)
+
+Each site's term is :func:`site_kl`: torch's closed form where torch has a rule for the
+pair (Normal‖Normal: exact, as bayesian-torch and torchbnn compute it), otherwise
+:func:`mcgraph.kl_divergence` with M samples (scale mixtures, floored densities,
+Student-t, …), whose autograd graph does not grow with M. Parameters are read when called
+(nothing is cached) and gradients land on the Parameters the user's optimizer holds; the
+foreign model is not modified. Site ``i`` uses the noise seed ``mix(seed, i)``.
+
+``reduction="sum"`` is the true KL. A library's own scaling is a named reduction of its
+adapter (``"per_tensor_mean"`` for bayesian-torch, ``"mean"`` for torchbnn,
+``"layer_mean"`` for torch-uncertainty), so the adapter can replace its loss unchanged.
+
+Example:
+    >>> import torch, mcgraph.interop as interop
+    >>> from bayesian_torch.layers import LinearReparameterization
+    >>> from bayesian_torch.models.dnn_to_bnn import get_kl_loss
+    >>> layer = LinearReparameterization(4, 3)
+    >>> value = interop.kl(layer, num_samples=100, reduction="per_tensor_mean")
+    >>> torch.allclose(value, get_kl_loss(layer))
+    True
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Sequence
+
+import torch
+from torch import nn
+from torch.distributions import Distribution
+
+from ..api import kl_divergence
+from ..noise import mix_seed, resolve_seed
+from ..tuples import METHODS
+from .registry import VariationalSite, foreign_layers
+
+__all__ = ["site_kl", "sites_kl", "kl", "KL_METHODS"]
+
+#: ``method`` values: ``"auto"`` (closed form where torch has a rule, else the engine's ``"auto"``),
+#: ``"closed-form"`` (torch's rule, required), or an engine method forced on every site.
+KL_METHODS = ("auto", "closed-form") + tuple(m for m in METHODS if m != "auto")
+
+
+def _check_method(method: str) -> str:
+    if method not in KL_METHODS:
+        raise ValueError(f"method must be one of {KL_METHODS}, got {method!r}")
+    return method
+
+
+def site_kl(q: Distribution, p: Distribution, num_samples: int, *, seed: int | None = None,
+            method: str = "auto") -> torch.Tensor:
+    """KL(q ‖ p) elementwise: torch's closed form where it has one, else mcgraph's M-sample estimate.
+
+    Args:
+        q: the posterior of one site (any distribution :func:`mcgraph.kl_divergence` accepts).
+        p: its prior.
+        num_samples: M of the estimate (unused by a closed form).
+        seed: noise seed of the estimate (``None``: drawn from torch's global generator).
+        method: ``"auto"``, ``"closed-form"`` or an engine method (:data:`KL_METHODS`).
+
+    Returns:
+        Tensor of shape ``q.batch_shape`` broadcast with p's batch shape.
+
+    Raises:
+        NotImplementedError: ``method="closed-form"`` and torch has no rule for the pair.
+    """
+    _check_method(method)
+    if method in ("auto", "closed-form"):
+        try:
+            return torch.distributions.kl_divergence(q, p)
+        except NotImplementedError:
+            if method == "closed-form":
+                raise NotImplementedError(f"method='closed-form': torch has no KL rule for "
+                                          f"{type(q).__name__} ‖ {type(p).__name__}") from None
+        method = "auto"
+    return kl_divergence(q, p, num_samples, seed=seed, method=method)
+
+
+def sites_kl(found: Sequence[VariationalSite], num_samples: int, *, seed: int | None = None,
+             method: str = "auto") -> list[torch.Tensor]:
+    """The summed KL of each site (0-d tensors), site ``i`` seeded with ``mix(seed, i)``."""
+    if isinstance(num_samples, bool) or not isinstance(num_samples, numbers.Integral) or num_samples < 1:
+        raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+    _check_method(method)
+    seed = resolve_seed(seed)
+    return [site_kl(s.posterior(), s.prior(), int(num_samples), seed=mix_seed(seed, i), method=method).sum()
+            for i, s in enumerate(found)]
+
+
+def reduce(adapter, reduction: str, found: Sequence[VariationalSite], values: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``"sum"`` or one of ``adapter.reductions`` applied to the per-site KLs."""
+    if reduction == "sum":
+        return torch.stack(list(values)).sum()
+    try:
+        rule = adapter.reductions[reduction]
+    except KeyError:
+        raise ValueError(f"reduction must be one of {['sum', *adapter.reductions]} for {adapter.name} models, "
+                         f"got {reduction!r}") from None
+    return rule(found, values)
+
+
+def kl(model: nn.Module, num_samples: int, *, seed: int | None = None, method: str = "auto",
+       reduction: str = "sum", library: str | None = None, **options) -> torch.Tensor:
+    """KL(q ‖ p) of a model built with another library (a 0-d tensor).
+
+    Args:
+        model: the foreign model (unchanged by the call).
+        num_samples: M of every Monte Carlo site (sites with a closed form ignore it).
+        seed: noise seed (``None``: drawn from torch's global generator).
+        method: ``"auto"``, ``"closed-form"`` or an engine method (:data:`KL_METHODS`).
+        reduction: ``"sum"`` (the KL) or a native reduction of the model's library.
+        library: require this library's layers (``None``: whichever the model uses).
+        **options: the library's site options (``prior_floor`` for blitz); only with ``library``.
+
+    Raises:
+        ValueError: no Bayesian layer, several libraries, an unknown reduction or method, a
+            prior that does not broadcast with its tensor (naming the site).
+    """
+    layers = foreign_layers(model, library)
+    if options and library is None:
+        raise TypeError(f"kl: options {sorted(options)} need library= (they belong to one library)")
+    adapter = layers[0][2]
+    found = [s for name, module, a in layers for s in a.layer_sites(module, name, **options)]
+    return reduce(adapter, reduction, found, sites_kl(found, num_samples, seed=seed, method=method))
