@@ -166,6 +166,27 @@ def test_taylor_is_opt_in_and_reported_as_approximate():
     torch.testing.assert_close(est, exact, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("fn, expansion", [
+    # |w| near μ > 0: h' = sign(μ) is constant, so h'' and every later derivative vanish.
+    (torch.abs, lambda w, mu: mu.abs() + mu.sign() * (w - mu)),
+    # A cubic times a constant beyond the fused term's reach: the expansion ends at order 3.
+    (lambda w: torch.abs(w) * w ** 2, lambda w, mu: mu.abs() * mu ** 2
+     + 3 * mu ** 2 * (w - mu) + 3 * mu * (w - mu) ** 2 + (w - mu) ** 3),
+])
+def test_taylor_terms_whose_derivatives_vanish_end_the_expansion_early(fn, expansion):
+    """``taylor_order`` above the integrand's last non-zero derivative gives that finite expansion."""
+    mu = torch.linspace(1.0, 3.0, 5, dtype=F64).requires_grad_()
+    sigma = torch.full((5,), 0.1, dtype=F64, requires_grad=True)
+    q = D.Normal(mu, sigma)
+    est = mg.expectation(fn, q, 500, seed=3, taylor_order=5)
+    ref = mg.expectation(lambda w: expansion(w, mu), q, 500, seed=3, method="direct")
+    torch.testing.assert_close(est, ref, rtol=1e-9, atol=1e-12)
+    g_est = torch.autograd.grad(est.sum(), (mu, sigma))
+    g_ref = torch.autograd.grad(ref.sum(), (mu, sigma))
+    for a, b in zip(g_est, g_ref):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
 # --------------------------------------------------------------------------- contract 4: gradcheck
 
 
