@@ -134,6 +134,25 @@ def test_quick_all(tmp_path):
         assert record["quick"] is True and record["comparisons"], name
     readme = (tmp_path / "README.md").read_text()
     assert all(name in readme for name in TARGETS)
+    _assert_quick_spike_slab_outcomes(json.loads((tmp_path / "spike_slab.json").read_text()))
+
+
+def _assert_quick_spike_slab_outcomes(record: dict) -> None:
+    """What the quick seed-004 run must show, not only that it ran: the five true inputs of the sparse
+    regression survive among at most one spurious one of 995 (≥ 95 % sparsity), and the accuracy of EM's
+    one-shot pruning is never below magnitude pruning's at the same sparsity."""
+    for run in record["rows"]["regression"]:
+        kept = set(run["kept_inputs"])
+        assert {1, 2, 3, 4, 5} <= kept and len(kept) <= 6, run["kept_inputs"]
+        assert run["sparsity_all_parameters"] >= 0.95 and run["skipped_steps"] == 0, run
+    by_setting = {}
+    for run in record["rows"]["classifier"]:
+        setting = (run["seed"], run.get("spike_decay"), run.get("soft_threshold"))
+        by_setting.setdefault(setting, {})[run["method"]] = run
+    pairs = [runs for runs in by_setting.values() if {"em", "magnitude"} <= set(runs)]
+    assert pairs, sorted(by_setting)
+    for runs in pairs:
+        assert runs["em"]["accuracy"] >= runs["magnitude"]["accuracy"] - 1e-12, runs
 
 
 def _waits_for_mc_dropout(record: dict) -> bool:
