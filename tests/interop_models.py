@@ -100,6 +100,34 @@ def assert_data_term_gradients_match(bnn, params, x, y, num_samples: int, seed: 
         torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-12)
 
 
+def assert_conversion_trains_the_original(model, bnn, x, y) -> None:
+    """``bnn = to_mcgraph(model)`` holds every Parameter of ``model`` (the same objects), and one optimizer
+    step on the converted ELBO moves each of them in the original model and its ``state_dict``."""
+    import mcgraph as mg
+
+    params = list(model.parameters())
+    assert {id(p) for p in bnn.parameters()} == {id(p) for p in params}
+    before = [p.detach().clone() for p in params]
+    opt = torch.optim.SGD(params, lr=0.1)
+    opt.zero_grad()
+    (-mg.nn.elbo(bnn, x, y, num_samples=3, dataset_size=100, seed=0)).backward()
+    opt.step()
+    assert all(not torch.equal(b, p) for b, p in zip(before, params) if p.grad is not None)
+    assert any(p.grad is not None for p in params)
+    state = model.state_dict()
+    for name, p in model.named_parameters():
+        assert torch.equal(state[name], p.detach()), name
+
+
+def assert_kl_leaves_the_model_alone(model, kl) -> None:
+    """Evaluating and differentiating ``kl(model)`` changes no entry of the model's ``state_dict``."""
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    kl(model).backward()
+    after = model.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
 def mean_and_standard_error(values) -> tuple[float, float]:
     v = torch.as_tensor(values, dtype=torch.float64)
     return float(v.mean()), float(v.std() / math.sqrt(v.numel()))

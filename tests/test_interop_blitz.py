@@ -9,8 +9,9 @@ from torch import nn
 
 import mcgraph as mg
 import mcgraph.interop as interop
-from interop_models import (Z_4_5, NoiseRecorder, assert_data_term_gradients_match, mean_and_standard_error,
-                            mlp_loss, peer, relative_error)
+from interop_models import (Z_4_5, NoiseRecorder, assert_data_term_gradients_match,
+                            assert_kl_leaves_the_model_alone, mean_and_standard_error, mlp_loss, peer,
+                            relative_error)
 from mcgraph.interop import blitz as ibz
 
 peer("blitz", "blitz-bayesian-pytorch")
@@ -69,6 +70,7 @@ def test_kl_graph_does_not_grow_with_samples():
     model = ConvNet(**MIXTURE)
     sizes = [mg.graph_size(ibz.kl(model, m, seed=0, prior_floor=1e-6)) for m in (1, 4096)]
     assert sizes[0] == sizes[1]
+    assert_kl_leaves_the_model_alone(model, lambda mod: ibz.kl(mod, 64, seed=0, prior_floor=1e-6))
 
 
 @pytest.mark.parametrize("prior", [MIXTURE, dict(prior_pi=0.3, prior_sigma_1=1.0, prior_sigma_2=0.05)],

@@ -14,7 +14,8 @@ from torch import nn
 
 import mcgraph as mg
 import mcgraph.interop as interop
-from interop_models import Z_4_5, assert_data_term_gradients_match, load_torch_uncertainty, mean_and_standard_error
+from interop_models import (Z_4_5, assert_conversion_trains_the_original, assert_data_term_gradients_match,
+                            assert_kl_leaves_the_model_alone, load_torch_uncertainty, mean_and_standard_error)
 from mcgraph.interop import torch_uncertainty as itu
 
 
@@ -69,6 +70,7 @@ def test_kl_graph_does_not_grow_with_samples(tu):
     model = nn.Sequential(layers.BayesLinear(4, 3, prior_pi=0.5))
     sizes = [mg.graph_size(itu.kl(model, m, seed=0)) for m in (1, 4096)]
     assert sizes[0] == sizes[1]
+    assert_kl_leaves_the_model_alone(model, lambda mod: itu.kl(mod, 64, seed=0))
 
 
 def test_to_mcgraph_shares_parameters_and_matches_the_mean_forward(tu):
@@ -80,6 +82,7 @@ def test_to_mcgraph_shares_parameters_and_matches_the_mean_forward(tu):
     assert bnn[0].weight_rho is model[0].weight_sigma and bnn[2].bias_mu is model[2].bias_mu
     assert bnn[0].padding_mode == "reflect" and isinstance(bnn[0].prior, mg.distributions.ScaleMixtureNormal)
     x = torch.randn(2, 2, 4, 4, dtype=torch.float64)
+    assert_conversion_trains_the_original(model, bnn, x, torch.randint(0, 2, (2,)))
     for layer in (model[0], model[2]):
         layer.freeze()
     frozen = itu.to_mcgraph(model)

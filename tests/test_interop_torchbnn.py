@@ -6,7 +6,8 @@ from torch import nn
 
 import mcgraph as mg
 import mcgraph.interop as interop
-from interop_models import assert_data_term_gradients_match, peer
+from interop_models import (assert_conversion_trains_the_original, assert_data_term_gradients_match,
+                            assert_kl_leaves_the_model_alone, peer)
 from mcgraph.interop import torchbnn as itb
 
 torchbnn = peer("torchbnn", "torchbnn")
@@ -46,6 +47,7 @@ def test_kl_graph_does_not_grow_with_samples():
     m = model()
     sizes = [mg.graph_size(itb.kl(m, n, seed=0, method="collapsed")) for n in (1, 4096)]
     assert sizes[0] == sizes[1]
+    assert_kl_leaves_the_model_alone(m, lambda mod: itb.kl(mod, 64, seed=0, method="collapsed"))
 
 
 def test_to_mcgraph_converts_linear_and_conv_with_exp_scales():
@@ -61,6 +63,7 @@ def test_to_mcgraph_converts_linear_and_conv_with_exp_scales():
             s.raw_scale.fill_(-80.0)  # σ = e^-80: the sampled forward is the mean forward
     with mg.nn.frozen(bnn):
         torch.testing.assert_close(bnn(x), m(x), rtol=1e-9, atol=1e-9)
+    assert_conversion_trains_the_original(m, bnn, x, torch.randint(0, 3, (2,)))
 
 
 def test_converted_elbo_gradients_match_the_per_sample_reference():
