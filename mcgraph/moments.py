@@ -155,7 +155,7 @@ def student_t(df: torch.Tensor) -> PowerMoments:
     def moment(j, shape):
         nu = df.detach().to(torch.float64)
         if not bool((nu > j).all()):
-            raise NoExactMoment(f"E[ξ^{j}] of a Student-t exists only for ν > {j} (ν = {nu.min().item():g})")
+            raise NoExactMoment(f"it exists only for ν > {j} (ν = {nu.min().item():g})")
         if j % 2:
             return torch.zeros_like(nu)
         out = nu ** (j // 2)
