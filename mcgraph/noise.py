@@ -280,8 +280,9 @@ def noise_statistics(stream: BlockStream, keys: tuple[tuple[int, int], ...], chu
     """Per-element means t̄_{a,j} = mean_i ξ_i^a (log ξ_i)^j over the stream, without autograd.
 
     Row sums are taken as a matrix-vector product ``1ᵀ X`` (one BLAS pass over the
-    chunk); for pure location-scale statistics of degree ≤ 2 the chunk is squared
-    in place, so the cost is close to that of drawing the noise.
+    chunk); for pure location-scale statistics (positive powers, no logs) the powers are
+    formed tile by tile in cache (:func:`_power_sums`), so their cost stays small beside
+    that of drawing the noise, even up to degree 2K for a variance.
 
     Args:
         stream: the noise stream; ``rows`` has shape ``(n, *noise_shape)``.
@@ -296,7 +297,6 @@ def noise_statistics(stream: BlockStream, keys: tuple[tuple[int, int], ...], chu
     sums: dict[tuple[int, int], torch.Tensor] = {}
     powers = sorted({a for a, _ in keys})
     max_log = max((j for _, j in keys), default=0)
-    squares_only = max_log == 0 and set(powers) <= {1, 2}
 
     def accumulate(key, rows2d):
         if key not in sums:
@@ -314,13 +314,7 @@ def noise_statistics(stream: BlockStream, keys: tuple[tuple[int, int], ...], chu
             x = xi.to(dtype).reshape(xi.shape[0], -1)
             if ones is None or ones.shape[0] < x.shape[0]:
                 ones = torch.ones(max(x.shape[0], chunk_size), dtype=dtype, device=x.device)
-            if squares_only:
-                if 1 in powers:
-                    accumulate((1, 0), x)
-                if 2 in powers:
-                    accumulate((2, 0), x.square_() if stream.owns_rows else x.square())
-                continue
-            if max_log == 0 and powers[0] >= 1:
+            if max_log == 0 and powers and powers[0] >= 1:  # location-scale statistics: tiled powers
                 _power_sums(x, powers, accumulate)
                 continue
             logx = x.log() if max_log > 0 else None
@@ -347,12 +341,15 @@ def _power_sums(x: torch.Tensor, powers: list, accumulate) -> None:
     """
     top = powers[-1]
     step = max(1, min(x.shape[0], POWER_TILE_ELEMENTS // max(1, x.shape[1])))
+    # Two reused buffers: fresh multi-megabyte tensors per tile would be page-faulted in every time.
+    bufs = [torch.empty((step, x.shape[1]), dtype=x.dtype, device=x.device) for _ in range(2 if top > 2 else 1)]
     for start in range(0, x.shape[0], step):
         rows = x[start:start + step]
+        n = rows.shape[0]
         term = rows
         for a in range(1, top + 1):
             if a > 1:
-                term = term * rows
+                term = torch.mul(term, rows, out=bufs[a % len(bufs)][:n])
             if a in powers:
                 accumulate((a, 0), term)
 
