@@ -308,7 +308,8 @@ def noise_statistics(stream: BlockStream, keys: tuple[tuple[int, int], ...], chu
 
     shape = None
     ones = None
-    with torch.no_grad():
+    # Under torch.autocast the BLAS row sums would run in half precision: statistics stay in ``dtype``.
+    with torch.no_grad(), torch.autocast(stream.device.type, enabled=False):
         for _, _, xi in stream.chunks(chunk_size):
             shape = xi.shape[1:]
             x = xi.to(dtype).reshape(xi.shape[0], -1)

@@ -28,6 +28,11 @@ from ..families import GenericForm, SamplingForm
 from .sampling import samples, stream_for
 
 
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for half-precision values (autocast), the values' own floating dtype otherwise."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def batched(fn: Callable) -> Callable:
     """``fn`` over a leading sample axis: ``torch.func.vmap`` when it works, else a loop."""
     vf = torch.func.vmap(fn)
@@ -92,9 +97,9 @@ class ChunkedMC(torch.autograd.Function):
                 values = spec.fn(samples(spec.form, rows))
                 if spec.moments is not None:
                     spec.moments.add(values)
-                part = values.sum(0)
+                part = values.sum(0, dtype=accumulation_dtype(values.dtype))
                 total = part if total is None else total + part
-        return total / spec.num_samples
+        return (total / spec.num_samples).to(values.dtype)  # fn's dtype (an autocast dtype stays)
 
     @staticmethod
     @once_differentiable

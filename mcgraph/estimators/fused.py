@@ -46,7 +46,8 @@ def _row_sum(x: torch.Tensor) -> torch.Tensor:
     if x.shape[0] == 1:
         return x[0]
     flat = x.reshape(x.shape[0], -1)
-    return (torch.ones(x.shape[0], dtype=x.dtype, device=x.device) @ flat).reshape(x.shape[1:])
+    with torch.autocast(x.device.type, enabled=False):  # accumulate in x's dtype, not autocast's
+        return (torch.ones(x.shape[0], dtype=x.dtype, device=x.device) @ flat).reshape(x.shape[1:])
 
 
 def _align(x: torch.Tensor, ndim: int) -> torch.Tensor:

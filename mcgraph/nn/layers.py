@@ -359,9 +359,9 @@ class BayesLayer(nn.Module):
         w = self._samples_of(self.posterior, NoiseKind.WEIGHT)
         out = self._op_samples(x, w, S)
         if self.bias is not None:
-            out = out + self._channels(self.bias[None], out.dim())
+            out = out + self._channels(self.bias[None], out.dim()).to(out.dtype)  # autocast: as F.linear
         elif self.bias_mu is not None:
-            out = out + self._sample_bias(rows, S, out.dim(), delta=False)
+            out = out + self._sample_bias(rows, S, out.dim(), delta=False).to(out.dtype)
         return out
 
     def _record(self, cap, x: torch.Tensor) -> torch.Tensor:
@@ -419,7 +419,7 @@ class BayesLayer(nn.Module):
         s_out = self._channels(s_out.reshape(S * rows, c_out), mean.dim())
         out = mean + self._op_samples(x * s_in, delta, S) * s_out
         if self.bias_mu is not None:
-            out = out + self._sample_bias(rows, S, out.dim(), delta=True)
+            out = out + self._sample_bias(rows, S, out.dim(), delta=True).to(out.dtype)
         return out
 
     def extra_repr(self) -> str:

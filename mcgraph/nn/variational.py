@@ -31,6 +31,7 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from ..estimators.chunked import accumulation_dtype
 from ..noise import mix_seed, resolve_seed
 from ..stderr import MCEstimate, SampleMoments
 from .context import bayesian_modules, chunks, sample_run
@@ -86,8 +87,9 @@ class WholeNetworkMC(torch.autograd.Function):
                 value = per_sample.sum()
             if spec.moments is not None:
                 spec.moments.add(per_sample.detach())
-            value = value.detach()
+            value = value.detach().to(accumulation_dtype(value.dtype))  # float32 sums under autocast
             total = value if total is None else total + value
+        total = total.to(per_sample.dtype)
         m = spec.num_samples
         it = iter(acc)
         saved, present = [], []
