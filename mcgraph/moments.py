@@ -126,7 +126,8 @@ def _logistic(j: int, shape) -> float:
 
 
 def _zeta(n: int) -> float:
-    return float(torch.special.zeta(torch.tensor(float(n), dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64)))
+    one = torch.tensor(1.0, dtype=torch.float64)
+    return float(torch.special.zeta(torch.tensor(float(n), dtype=torch.float64), one))
 
 
 def _gumbel(j: int, shape) -> float:
@@ -190,8 +191,7 @@ def _pg(n: int, x) -> torch.Tensor:
 
 def gamma(concentration) -> LogMoments:
     """ξ ~ Gamma(k, 1) (k = 1: Exp(1))."""
-    k = concentration.detach().to(torch.float64) if isinstance(concentration, torch.Tensor) else float(concentration)
-    kt = _tensor(k)
+    kt = _tensor(concentration.detach() if isinstance(concentration, torch.Tensor) else concentration)
     return LogMoments(lambda s: torch.lgamma(kt + s) - torch.lgamma(kt), lambda s, n: _pg(n - 1, kt + s),
                       lambda s: bool((kt + s > 0).all()), "needs k + a > 0")
 
@@ -227,14 +227,22 @@ def _rayleigh_dg(s, n):
 
 EXPONENTIAL = gamma(1.0)
 HALF_NORMAL = LogMoments(_half_normal_g, _half_normal_dg, lambda s: s > -1, "needs a > −1")
-RAYLEIGH = LogMoments(lambda s: 0.5 * s * math.log(2) + math.lgamma(1 + s / 2), _rayleigh_dg, lambda s: s > -2,
-                      "needs a > −2")
+RAYLEIGH = LogMoments(lambda s: 0.5 * s * math.log(2) + math.lgamma(1 + s / 2), _rayleigh_dg,
+                      lambda s: s > -2, "needs a > −2")
 HALF_CAUCHY = LogMoments(lambda s: 0.0, lambda s, n: 0.0, lambda s: False,
                          "half-Cauchy noise has no moments of order ≥ 1")
 
 
 def exact_statistic(moments, key: tuple[int, int], noise_shape=()) -> torch.Tensor:
-    """``E[ξ^a (log ξ)^j]`` in float64, or :class:`NoExactMoment` with the reason."""
+    """``E[ξ^a (log ξ)^j]`` in float64, or :class:`NoExactMoment` with the reason.
+
+    Example:
+        >>> from mcgraph import moments
+        >>> float(moments.exact_statistic(moments.LAPLACE, (4, 0)))           # 4! for Laplace(0, 1)
+        24.0
+        >>> round(float(moments.exact_statistic(moments.EXPONENTIAL, (0, 1))), 6)   # E log ξ = −γ
+        -0.577216
+    """
     a, j = key
     if moments is None:
         raise NoExactMoment("its moments are not registered (mcgraph.moments)")
