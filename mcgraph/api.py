@@ -331,7 +331,8 @@ def kl_divergence(q: Distribution, p: Distribution, num_samples: int, *, seed: i
     with _no_validation(p):
         cross = cross_se = neg_entropy_se = None
         if method in ("auto", "fused") and taylor_order is None and not return_stderr:
-            cross = backend.log_prob_expectation(q, p, num_samples, seed, sum_rightmost=extra)  # Triton, if any
+            # a registered Triton integrand, if any
+            cross = backend.log_prob_expectation(q, p, num_samples, seed, sum_rightmost=extra)
         if cross is None:
             cross = expectation(log_p, q, num_samples, seed=seed, method=method, chunk_size=chunk_size,
                                 taylor_order=taylor_order, return_stderr=return_stderr)

@@ -343,7 +343,8 @@ def _power_sums(x: torch.Tensor, powers: list, accumulate) -> None:
     top = powers[-1]
     step = max(1, min(x.shape[0], POWER_TILE_ELEMENTS // max(1, x.shape[1])))
     # Two reused buffers: fresh multi-megabyte tensors per tile would be page-faulted in every time.
-    bufs = [torch.empty((step, x.shape[1]), dtype=x.dtype, device=x.device) for _ in range(2 if top > 2 else 1)]
+    bufs = [torch.empty((step, x.shape[1]), dtype=x.dtype, device=x.device)
+            for _ in range(2 if top > 2 else 1)]
     for start in range(0, x.shape[0], step):
         rows = x[start:start + step]
         n = rows.shape[0]

@@ -86,7 +86,8 @@ def required_samples(estimate: MCEstimate, rel_error: float) -> int:
         raise ValueError(f"rel_error must be a positive number, got {rel_error!r}")
     value, se = estimate.value.detach().double(), estimate.stderr.double()
     if bool(((value == 0) & (se > 0)).any()):
-        raise ValueError("estimate: an element is 0 with a positive standard error; no M reaches a relative error")
+        raise ValueError("estimate: an element is 0 with a positive standard error; "
+                         "no M reaches a relative error")
     ratio = torch.where(se > 0, se / (rel_error * value.abs()), torch.zeros_like(se))
     need = estimate.num_samples * float(ratio.max()) ** 2 if ratio.numel() else 0.0
     return max(2, math.ceil(need))

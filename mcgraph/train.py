@@ -97,8 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=None, help="output directory (default runs/<model>-<dataset>-<time>)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--no-stderr", action="store_true", help="do not log the Monte Carlo standard errors of the "
-                   "data term and the KL (measured on each epoch's first step)")
+    p.add_argument("--no-stderr", action="store_true", help="do not log the Monte Carlo standard errors "
+                   "of the data term and the KL (measured on each epoch's first step)")
     from .optim.training import add_arguments
 
     add_arguments(p)  # --optimizer vogn|adaptive-vb|adam and its options (absent: the ELBO training below)
@@ -303,7 +303,8 @@ def train(args) -> dict:
                 probe = b == 0 and not args.no_stderr  # standard errors of the epoch's first step
                 terms = mnn.elbo_terms(model, xb, yb, num_samples=args.train_samples, dataset_size=n_train,
                                        chunk_size=args.chunk_size, kl_weight=schedule(step),
-                                       kl_method=args.kl_method, return_stderr=probe and args.train_samples > 1)
+                                       kl_method=args.kl_method,
+                                       return_stderr=probe and args.train_samples > 1)
                 loss = -terms.elbo
                 nll_b, kl_b = -terms.log_likelihood.detach(), terms.kl.detach()
                 if probe:

@@ -319,9 +319,9 @@ def _classify_piece(form, e: Elementwise, i: int, method: str, taylor_order, exa
         elif method in ("collapsed", "collapsed-exact"):
             raise ValueError(f"method={method!r} does not apply to term '{node}': {reason}")
         elif method == "analytic":
-            raise ValueError(f"method='analytic' does not apply to term '{node}': it is not a polynomial in "
-                             f"the noise, so it has no exact form ({reason}); method='auto-analytic' leaves it "
-                             "to the sampling tiers")
+            raise ValueError(f"method='analytic' does not apply to term '{node}': it is not a polynomial "
+                             f"in the noise, so it has no exact form ({reason}); method='auto-analytic' "
+                             "leaves it to the sampling tiers")
         else:
             out.append(_fused_term(form, node, i, reason))
     return out

@@ -135,7 +135,8 @@ def kl(model: nn.Module, num_samples: int | None = None, *, seed: int | None = N
         total = v if total is None else total + v
     if total is None:
         p = next(model.parameters(), None)
-        total = torch.zeros((), dtype=p.dtype if p is not None else None, device=p.device if p is not None else None)
+        total = torch.zeros((), dtype=p.dtype if p is not None else None,
+                            device=p.device if p is not None else None)
         var = torch.zeros_like(total)
     return (total, var.sqrt()) if return_stderr else total
 

@@ -19,9 +19,11 @@ from ..noise import mix_seed
 __all__ = ["layer_kl_with_stderr"]
 
 
-def layer_kl_with_stderr(layer, num_samples: int, seed: int, method: str) -> tuple[torch.Tensor, torch.Tensor]:
+def layer_kl_with_stderr(layer, num_samples: int, seed: int,
+                         method: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``(KL, stderr)`` of ``layer``'s weight (and Bayesian bias), with the seeds of ``layer.kl``."""
-    est = kl_divergence(layer.posterior, layer.prior, num_samples, seed=seed, method=method, return_stderr=True)
+    est = kl_divergence(layer.posterior, layer.prior, num_samples, seed=seed, method=method,
+                        return_stderr=True)
     value, var = est.value.sum(), est.stderr.square().sum()
     if layer.bias_mu is not None:
         b = kl_divergence(layer.bias_posterior, layer.bias_prior, num_samples, seed=mix_seed(seed, 1),

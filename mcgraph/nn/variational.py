@@ -222,7 +222,8 @@ def expected_data_term(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, nu
 def elbo_terms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_samples: int, dataset_size: int,
                kl_samples: int | None = None, chunk_size: int | None = None, likelihood="categorical",
                noise_std=1.0, kl_weight: float = 1.0, seed: int | None = None, method: str = "chunked",
-               kl_method: str = "auto", vectorize: bool | None = None, return_stderr: bool = False) -> ELBOTerms:
+               kl_method: str = "auto", vectorize: bool | None = None,
+               return_stderr: bool = False) -> ELBOTerms:
     """The ELBO and its two terms; see :func:`elbo` for the arguments.
 
     ``return_stderr=True`` also fills the standard errors of :class:`ELBOTerms` (the data
