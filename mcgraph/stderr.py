@@ -41,7 +41,10 @@ from typing import NamedTuple
 
 import torch
 
-from .tuples import Plan, TermPlan, Tier
+from .estimators.analytic import analytic_statistics
+from .estimators.chunked import batched
+from .estimators.sampling import default_chunk, samples, stream_for
+from .tuples import Plan, TermPlan, stderr_mode
 
 __all__ = ["MCEstimate", "SampleMoments", "required_samples", "stderr_mode"]
 
@@ -128,30 +131,6 @@ class SampleMoments:
 # --------------------------------------------------------------------------- which route a plan takes
 
 
-def _is_random(t: TermPlan) -> bool:
-    if t.tier in (Tier.FUSED, Tier.CHUNKED, Tier.DIRECT):
-        return True
-    if t.tier == Tier.COLLAPSED:
-        return t.approximate or any(m != (0, 0) for m, _ in t.monomials)
-    return False
-
-
-def stderr_mode(plan: Plan) -> tuple[str, TermPlan | None]:
-    """``("zero" | "collapsed" | "fused" | "whole" | "per_sample", term)``: how the total's
-    standard error is computed (see the module docstring)."""
-    if plan.trace.constant is not None:
-        return "zero", None
-    whole = plan.whole
-    if whole is not None:
-        return ("whole" if whole.tier == Tier.CHUNKED else "per_sample"), whole
-    random = [t for t in plan.terms if _is_random(t)]
-    if not random:
-        return "zero", None
-    if len(random) == 1 and not plan.trace.expr.pieces[random[0].piece].chain and not random[0].approximate:
-        return ("collapsed" if random[0].tier == Tier.COLLAPSED else "fused"), random[0]
-    return "per_sample", None
-
-
 # --------------------------------------------------------------------------- collapsed variance
 
 
@@ -228,8 +207,6 @@ class StderrCollector:
             se = torch.zeros(out.shape, dtype=out.dtype, device=out.device)
         elif self.mode == "collapsed":
             if self.term.exact:  # statistics drawn from their law: report the exact SD of the estimator
-                from .estimators.analytic import analytic_statistics
-
                 exact = analytic_statistics(form, variance_keys(form, self.term))
                 se = (collapsed_variance(form, self.term, exact).clamp_min(0) / num_samples).sqrt()
             else:
@@ -244,9 +221,6 @@ class StderrCollector:
 
 def per_sample_moments(form, fn, seed: int, num_samples: int, chunk_size: int | None) -> SampleMoments:
     """Moments of ``fn(w_i)`` over the same noise stream as the estimate (no graph, one chunk in memory)."""
-    from .estimators.chunked import batched
-    from .estimators.sampling import default_chunk, samples, stream_for
-
     chunk = chunk_size if chunk_size is not None else default_chunk(form, num_samples, "chunked")
     bfn = batched(fn)
     moments = SampleMoments()

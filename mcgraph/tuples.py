@@ -125,8 +125,6 @@ class Plan:
             variance = _variance_line(self.form, t)
             if variance:
                 lines.append(f"    standard error: {variance}")
-        from .stderr import stderr_mode  # lazily: stderr builds on this module
-
         if stderr_mode(self)[0] == "per_sample":
             lines.append("  standard error of the total: per-sample values of fn in one extra pass over the "
                          "same noise (covariances between terms included)")
@@ -156,6 +154,30 @@ def _variance_line(form, t: TermPlan) -> str:
     how = "exact noise moments" if t.exact else "same pass"
     return (f"Var = αᵀ C α, C_jl = t̄_(j+l) − t̄_j t̄_l, statistics mean ξ^j, j ≤ {2 * K} ({how}); "
             f"variance tuple (a polynomial of degree {2 * K}) d_P = {_cor3_dp(2 * K)} (independent of M)")
+
+
+def _is_random(t: TermPlan) -> bool:
+    if t.tier in (Tier.FUSED, Tier.CHUNKED, Tier.DIRECT):
+        return True
+    if t.tier == Tier.COLLAPSED:
+        return t.approximate or any(m != (0, 0) for m, _ in t.monomials)
+    return False
+
+
+def stderr_mode(plan: Plan) -> tuple[str, TermPlan | None]:
+    """``("zero" | "collapsed" | "fused" | "whole" | "per_sample", term)``: how the total's
+    standard error is computed (see the module docstring)."""
+    if plan.trace.constant is not None:
+        return "zero", None
+    whole = plan.whole
+    if whole is not None:
+        return ("whole" if whole.tier == Tier.CHUNKED else "per_sample"), whole
+    random = [t for t in plan.terms if _is_random(t)]
+    if not random:
+        return "zero", None
+    if len(random) == 1 and not plan.trace.expr.pieces[random[0].piece].chain and not random[0].approximate:
+        return ("collapsed" if random[0].tier == Tier.COLLAPSED else "fused"), random[0]
+    return "per_sample", None
 
 
 # --------------------------------------------------------------------------- monomial rules
