@@ -14,9 +14,10 @@ Each repeat runs the two variants back to back (forward + backward), alternating
 first; the median of the per-repeat times and their ratio are reported. Rows go to ``--out``
 (JSON lines: case, P, M, seconds_plain, seconds_stderr, ratio, torch, commit).
 
-Usage::
+Usage (from the repository root; ``PYTHONPATH=.`` makes the checkout's ``mcgraph`` the one imported)::
 
-    python bench/stderr_cost.py --params 100000 --samples 1000 --repeats 7 --out bench/results/stderr_cost.jsonl
+    PYTHONPATH=. python bench/stderr_cost.py --params 100000 --samples 1000 --repeats 9 \
+        --out bench/results/stderr_cost.jsonl
 """
 
 from __future__ import annotations
