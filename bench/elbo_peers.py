@@ -201,8 +201,8 @@ def mcgraph_grad_error(model, M: int, method: str = "chunked") -> float:
     got = layers[0].weight_rho.grad.clone()
     run = sample_run(model, M, seed=0)
     with torch.no_grad():
-        w_noise = [run.form_rows(l, NoiseKind.WEIGHT, family_of(l.posterior()), 0, M) for l in layers]
-        b_noise = [run.form_rows(l, NoiseKind.BIAS, family_of(l.bias_posterior()), 0, M)
+        w_noise = [run.form_rows(l, NoiseKind.WEIGHT, family_of(l.posterior), 0, M) for l in layers]
+        b_noise = [run.form_rows(l, NoiseKind.BIAS, family_of(l.bias_posterior), 0, M)
                    if l.bias_mu is not None else None for l in layers]
     loss = 0
     for i in range(M):

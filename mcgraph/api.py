@@ -11,10 +11,12 @@ from torch.distributions import Distribution
 
 from . import backend
 from .estimators import chunked_value, collapsed_value, direct_value, fused_value, statistics
+from .estimators.analytic import analytic_statistics
 from .estimators.sampling import default_chunk, samples, stream_for
 from .families import GenericForm, distribution_parameters, family_of
 from .integrands import floating, trace
 from .noise import resolve_seed
+from .stderr import MCEstimate, StderrCollector
 from .tuples import Plan, Tier, classify
 
 _VALIDATE = True
@@ -83,24 +85,33 @@ def explain(fn: Callable, dist: Distribution, *, method: str = "auto", taylor_or
     return plan_for(fn, dist, method=method, taylor_order=taylor_order)
 
 
-def evaluate(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size: int | None) -> torch.Tensor:
+def evaluate(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size: int | None,
+             return_stderr: bool = False):
     """Run a plan: the sum over pieces of chain(Σ term values). ``chunk_size=None``: each tier's default.
 
     The result has the trace's dtype (:attr:`~mcgraph.integrands.TraceResult.dtype`); an integer
     or boolean integrand is averaged in the distribution's floating dtype and its result is
     detached (piecewise constant in w: its pathwise gradient is zero almost everywhere).
+    With ``return_stderr`` an :class:`~mcgraph.stderr.MCEstimate` (see :mod:`mcgraph.stderr`).
     """
     traced = plan.trace
     if traced.discrete:
         fn = floating(fn, traced.dtype)
-    out = _run_tiers(plan, fn, seed, num_samples, chunk_size)
+    collector = StderrCollector(plan) if return_stderr else None
+    out = _run_tiers(plan, fn, seed, num_samples, chunk_size, collector)
     if traced.dtype is not None and out.dtype != traced.dtype:
         out = out.to(traced.dtype)
-    return out.detach() if traced.discrete else out
+    out = out.detach() if traced.discrete else out
+    if collector is None:
+        return out
+    se = collector.finish(fn, seed, num_samples, chunk_size, collector.stats, out)
+    return MCEstimate(out, se, num_samples)
 
 
-def _run_tiers(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size: int | None) -> torch.Tensor:
+def _run_tiers(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size: int | None,
+               collector: StderrCollector | None = None) -> torch.Tensor:
     form, traced = plan.form, plan.trace
+    sink = collector.sink_for if collector is not None else (lambda term: None)
 
     def chunk(tier: str) -> int:
         return chunk_size if chunk_size is not None else default_chunk(form, num_samples, tier)
@@ -111,20 +122,28 @@ def _run_tiers(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size
     if whole is not None:
         if whole.tier == Tier.DIRECT:
             return direct_value(form, fn, seed, num_samples)
-        return chunked_value(form, fn, seed, num_samples, chunk("chunked"))
+        return chunked_value(form, fn, seed, num_samples, chunk("chunked"), moments=sink(whole))
 
     stats = {}
     collapsed = [t for t in plan.terms if t.tier == Tier.COLLAPSED]
     if collapsed:
         keys = set().union(*(t.stat_keys for t in collapsed))
+        if collector is not None:
+            keys |= collector.extra_keys()
         stats = statistics(form, keys, seed, num_samples, chunk("collapsed"), any(t.exact for t in collapsed))
+        if collector is not None:
+            collector.stats = stats
+    analytic = [t for t in plan.terms if t.tier == Tier.ANALYTIC]
+    exact_stats = analytic_statistics(form, set().union(*(t.stat_keys for t in analytic))) if analytic else {}
     piece_values: dict[int, torch.Tensor] = {}
     for term in plan.terms:
         if term.tier == Tier.COLLAPSED:
             v = collapsed_value(form, term, stats)
+        elif term.tier == Tier.ANALYTIC:
+            v = collapsed_value(form, term, exact_stats)
         else:
             shape = _node_shape(form, term.node)
-            v = fused_value(form, term.node, shape, seed, num_samples, chunk("fused"))
+            v = fused_value(form, term.node, shape, seed, num_samples, chunk("fused"), moments=sink(term))
         piece_values[term.piece] = v if term.piece not in piece_values else piece_values[term.piece] + v
     out = None
     for i, piece in enumerate(traced.expr.pieces):
@@ -140,9 +159,21 @@ def _node_shape(form, node) -> torch.Size:
     return torch.broadcast_shapes(form.shape, *shapes)
 
 
+def _check_stderr(return_stderr, num_samples: int, taylor_order) -> bool:
+    if not isinstance(return_stderr, bool):
+        raise TypeError(f"return_stderr must be a bool, got {type(return_stderr).__name__}")
+    if return_stderr and num_samples < 2:
+        raise ValueError(f"num_samples must be >= 2 with return_stderr=True (a single sample has no variance "
+                         f"to estimate), got {num_samples}")
+    if return_stderr and taylor_order is not None:
+        raise ValueError("return_stderr=True with taylor_order: the Taylor approximation is biased, its "
+                         "Monte Carlo error is not the error of the result; drop one of them")
+    return return_stderr
+
+
 def expectation(fn: Callable, dist: Distribution, num_samples: int, *, seed: int | None = None,
                 method: str = "auto", chunk_size: int | None = None,
-                taylor_order: int | None = None) -> torch.Tensor:
+                taylor_order: int | None = None, return_stderr: bool = False):
     """Monte Carlo estimate of ``E_{w~dist}[fn(w)]`` whose graph does not grow with M.
 
     .. math::
@@ -160,15 +191,25 @@ def expectation(fn: Callable, dist: Distribution, num_samples: int, *, seed: int
         num_samples: M ≥ 1.
         seed: noise seed; ``None`` draws one from torch's global generator.
         method: ``"auto"`` | ``"collapsed"`` | ``"collapsed-exact"`` | ``"fused"`` |
-            ``"chunked"`` | ``"direct"``. ``"collapsed-exact"`` draws the statistics from
-            their exact joint law (Gaussian noise, degree ≤ 2): same distribution as the
-            estimator, not the same numbers, O(P) for any M. ``"direct"`` is the naive graph.
+            ``"chunked"`` | ``"direct"`` | ``"analytic"`` | ``"auto-analytic"``. ``"collapsed-exact"``
+            draws the statistics from their exact joint law (Gaussian noise, degree ≤ 2): same
+            distribution as the estimator, not the same numbers, O(P) for any M. ``"direct"`` is
+            the naive graph. ``"analytic"`` takes every term exactly (a polynomial term under a
+            noise law with known moments, see :mod:`mcgraph.moments`): no sampling, graph and time
+            independent of M; a term without an exact form raises ``ValueError`` with the reason.
+            ``"auto-analytic"`` is ``"auto"`` with the polynomial terms exact where they can be
+            (``"auto"`` never is: the exact tier is used only when asked for).
         chunk_size: samples per chunk (memory O(chunk_size · P)); default: one noise block for
             the statistics, about 2^20 elements for the fused and chunked tiers.
         taylor_order: opt-in Taylor approximation of non-collapsible terms (paper §4.1).
+        return_stderr: also return the standard error of the M-sample estimator, computed in
+            the same pass (:mod:`mcgraph.stderr`; needs ``num_samples >= 2``, not with
+            ``taylor_order``).
 
     Returns:
-        A tensor of ``fn``'s output shape, differentiable w.r.t. every tensor ``dist``
+        With ``return_stderr``: an :class:`~mcgraph.stderr.MCEstimate` ``(value, stderr,
+        num_samples)``, ``stderr`` detached, of the value's shape, 0 for exact terms. Otherwise
+        a tensor of ``fn``'s output shape, differentiable w.r.t. every tensor ``dist``
         and ``fn`` depend on, in ``fn``'s dtype when ``fn`` returns floating values.
         An integer or boolean ``fn`` (an indicator ``w > 0``, a count) is averaged in
         ``dist``'s floating dtype: ``E[1{w ∈ A}]`` estimates the probability P(w ∈ A).
@@ -192,15 +233,21 @@ def expectation(fn: Callable, dist: Distribution, num_samples: int, *, seed: int
         >>> p = mg.expectation(lambda w: w > 0, q, num_samples=10_000, seed=0)   # P(w > 0) = 0.5
         >>> p.dtype, bool(((p - 0.5).abs() < 0.05).all()), p.requires_grad
         (torch.float32, True, False)
+        >>> value, stderr, _ = mg.expectation(lambda w: w ** 2, q, 10_000, seed=0, return_stderr=True)
+        >>> bool(((stderr - 2 ** 0.5 / 100).abs() < 1e-3).all())   # sqrt(Var(w²) / M) = sqrt(2 / 10⁴)
+        True
+        >>> mg.expectation(lambda w: w ** 2, q, 1, method="analytic")   # exact: E[w²] = μ² + σ²
+        tensor([1., 1., 1., 1.], grad_fn=<LocationScalePolynomialBackward>)
     """
     num_samples = _check_num_samples(num_samples)
+    return_stderr = _check_stderr(return_stderr, num_samples, taylor_order)
     form = family_of(dist)
     _check_finite(dist, "dist")
     seed = resolve_seed(seed)
     chunk = _check_chunk(chunk_size)
     traced = trace(fn, _example(form, seed))
     plan = classify(form, traced, method, taylor_order)
-    return evaluate(plan, fn, seed, num_samples, chunk)
+    return evaluate(plan, fn, seed, num_samples, chunk, return_stderr)
 
 
 @contextlib.contextmanager
@@ -227,7 +274,7 @@ def _sum_rightmost(x: torch.Tensor, n: int) -> torch.Tensor:
 
 def kl_divergence(q: Distribution, p: Distribution, num_samples: int, *, seed: int | None = None,
                   method: str = "auto", chunk_size: int | None = None,
-                  taylor_order: int | None = None) -> torch.Tensor:
+                  taylor_order: int | None = None, return_stderr: bool = False):
     """Monte Carlo estimate of KL(q ‖ p) with torch's shape semantics (``q.batch_shape``).
 
     .. math::
@@ -244,6 +291,10 @@ def kl_divergence(q: Distribution, p: Distribution, num_samples: int, *, seed: i
         q: the approximate posterior (registered family or ``rsample``).
         p: the prior, any distribution with ``log_prob`` whose shape broadcasts with q's samples.
         num_samples, seed, method, chunk_size, taylor_order: as in :func:`expectation`.
+        return_stderr: also return the standard error of the estimate (an
+            :class:`~mcgraph.stderr.MCEstimate`). When the entropy is estimated too (no closed
+            form), it shares the noise with the cross term, and the standard error is that of the
+            per-sample difference ``log q(w_i) − log p(w_i)`` (one extra pass over the same noise).
 
     Returns:
         Tensor of shape ``q.batch_shape`` (broadcast with p's batch shape).
@@ -272,21 +323,39 @@ def kl_divergence(q: Distribution, p: Distribution, num_samples: int, *, seed: i
                          f"{tuple(q.event_shape)}; the KL per q batch element is undefined")
     _check_finite(p, "p")
     seed = resolve_seed(seed)
+    return_stderr = _check_stderr(return_stderr, _check_num_samples(num_samples), taylor_order)
 
     def log_p(w):
         return _sum_rightmost(p.log_prob(w), extra)
 
     with _no_validation(p):
-        cross = None
-        if method in ("auto", "fused") and taylor_order is None:  # a registered Triton integrand, if any
+        cross = cross_se = neg_entropy_se = None
+        if method in ("auto", "fused") and taylor_order is None and not return_stderr:
+            # a registered Triton integrand, if any
             cross = backend.log_prob_expectation(q, p, num_samples, seed, sum_rightmost=extra)
         if cross is None:
             cross = expectation(log_p, q, num_samples, seed=seed, method=method, chunk_size=chunk_size,
-                                taylor_order=taylor_order)
+                                taylor_order=taylor_order, return_stderr=return_stderr)
+            if return_stderr:
+                cross, cross_se, _ = cross
         try:
             neg_entropy = -q.entropy()
         except NotImplementedError:
             neg_entropy = expectation(q.log_prob, q, num_samples, seed=seed, method="auto"
                                       if method in ("collapsed", "collapsed-exact", "fused") else method,
-                                      chunk_size=chunk_size)
-    return neg_entropy - cross
+                                      chunk_size=chunk_size, return_stderr=return_stderr)
+            if return_stderr:
+                neg_entropy, neg_entropy_se, _ = neg_entropy
+        value = neg_entropy - cross
+        if not return_stderr:
+            return value
+        if neg_entropy_se is None or not bool((neg_entropy_se > 0).any()):
+            se = cross_se
+        elif not bool((cross_se > 0).any()):
+            se = neg_entropy_se
+        else:  # both estimated from the same noise: the error of the per-sample difference
+            from .stderr import per_sample_moments
+
+            se = per_sample_moments(family_of(q), lambda w: q.log_prob(w) - log_p(w), seed, num_samples,
+                                    chunk_size).stderr().to(value.dtype)
+    return MCEstimate(value, se.broadcast_to(value.shape), num_samples)

@@ -20,6 +20,8 @@ from typing import Callable, Iterator
 
 import torch
 
+from . import moments as mom
+
 #: Elements drawn per block (64 Mi): bounds the memory of one block.
 NOISE_BLOCK_ELEMENTS = 1 << 26
 
@@ -125,6 +127,8 @@ class NoiseLaw:
         sampler: ``sampler(shape, dtype, device) -> Tensor`` using the global RNG.
         positive: ξ > 0 almost surely (needed for ``log w`` under a scaling form).
         event_ndims: trailing dims of one sample that the noise couples (Radial).
+        moments: a :class:`~mcgraph.moments.PowerMoments` (location-scale) or
+            :class:`~mcgraph.moments.LogMoments` (scaling) for the analytic tier, or ``None``.
     """
 
     name: str
@@ -133,6 +137,7 @@ class NoiseLaw:
     event_ndims: int = 0
     gaussian: bool = False
     fills_out: bool = False
+    moments: object = None  #: exact moments (:mod:`mcgraph.moments`), or None when unknown
 
     def sample(self, shape, dtype, device, out: torch.Tensor | None = None) -> torch.Tensor:
         """Draw ξ of ``shape``; ``out`` (same shape and dtype) is filled in place when the law can."""
@@ -201,16 +206,16 @@ def _standard_gamma(concentration: torch.Tensor, shape, dtype, device):
     return torch._standard_gamma(alpha).clamp_(min=torch.finfo(dtype).tiny)
 
 
-STANDARD_NORMAL = NoiseLaw("N(0, 1)", _normal, gaussian=True, fills_out=True)
-STANDARD_LAPLACE = NoiseLaw("Laplace(0, 1)", _laplace)
-STANDARD_LOGISTIC = NoiseLaw("Logistic(0, 1)", _logistic)
-STANDARD_CAUCHY = NoiseLaw("Cauchy(0, 1)", _cauchy)
-STANDARD_GUMBEL = NoiseLaw("Gumbel(0, 1)", _gumbel)
-STANDARD_UNIFORM = NoiseLaw("U(0, 1)", _uniform, positive=True)
-STANDARD_EXPONENTIAL = NoiseLaw("Exp(1)", _exponential, positive=True)
-STANDARD_HALF_NORMAL = NoiseLaw("|N(0, 1)|", _half_normal, positive=True)
-STANDARD_HALF_CAUCHY = NoiseLaw("|Cauchy(0, 1)|", _half_cauchy, positive=True)
-STANDARD_RAYLEIGH = NoiseLaw("Rayleigh(1)", _rayleigh, positive=True)
+STANDARD_NORMAL = NoiseLaw("N(0, 1)", _normal, gaussian=True, fills_out=True, moments=mom.NORMAL)
+STANDARD_LAPLACE = NoiseLaw("Laplace(0, 1)", _laplace, moments=mom.LAPLACE)
+STANDARD_LOGISTIC = NoiseLaw("Logistic(0, 1)", _logistic, moments=mom.LOGISTIC)
+STANDARD_CAUCHY = NoiseLaw("Cauchy(0, 1)", _cauchy, moments=mom.CAUCHY)
+STANDARD_GUMBEL = NoiseLaw("Gumbel(0, 1)", _gumbel, moments=mom.GUMBEL)
+STANDARD_UNIFORM = NoiseLaw("U(0, 1)", _uniform, positive=True, moments=mom.UNIFORM)
+STANDARD_EXPONENTIAL = NoiseLaw("Exp(1)", _exponential, positive=True, moments=mom.EXPONENTIAL)
+STANDARD_HALF_NORMAL = NoiseLaw("|N(0, 1)|", _half_normal, positive=True, moments=mom.HALF_NORMAL)
+STANDARD_HALF_CAUCHY = NoiseLaw("|Cauchy(0, 1)|", _half_cauchy, positive=True, moments=mom.HALF_CAUCHY)
+STANDARD_RAYLEIGH = NoiseLaw("Rayleigh(1)", _rayleigh, positive=True, moments=mom.RAYLEIGH)
 
 
 def gamma_noise(concentration: torch.Tensor) -> NoiseLaw:
@@ -218,7 +223,7 @@ def gamma_noise(concentration: torch.Tensor) -> NoiseLaw:
     return NoiseLaw(
         f"Gamma(k, 1)",
         lambda shape, dtype, device: _standard_gamma(concentration, shape, dtype, device),
-        positive=True,
+        positive=True, moments=mom.gamma(concentration),
     )
 
 
@@ -227,7 +232,7 @@ def inverse_gamma_noise(concentration: torch.Tensor) -> NoiseLaw:
     return NoiseLaw(
         "1/Gamma(k, 1)",
         lambda shape, dtype, device: _standard_gamma(concentration, shape, dtype, device).reciprocal_(),
-        positive=True,
+        positive=True, moments=mom.inverse_gamma(concentration),
     )
 
 
@@ -238,7 +243,7 @@ def weibull_noise(concentration: torch.Tensor) -> NoiseLaw:
         k = concentration.detach().to(dtype=dtype, device=device)
         return _exponential(shape, dtype, device).pow_(k.reciprocal().expand(shape))
 
-    return NoiseLaw("Weibull(1, k)", sampler, positive=True)
+    return NoiseLaw("Weibull(1, k)", sampler, positive=True, moments=mom.weibull(concentration))
 
 
 def student_t_noise(df: torch.Tensor) -> NoiseLaw:
@@ -250,7 +255,7 @@ def student_t_noise(df: torch.Tensor) -> NoiseLaw:
         chi2 = 2 * _standard_gamma(nu / 2, shape, dtype, device)
         return z * torch.rsqrt(chi2 / nu)
 
-    return NoiseLaw("StudentT(ν, 0, 1)", sampler)
+    return NoiseLaw("StudentT(ν, 0, 1)", sampler, moments=mom.student_t(df))
 
 
 def radial_noise_law(event_ndims: int) -> NoiseLaw:
@@ -264,7 +269,7 @@ def radial_noise_law(event_ndims: int) -> NoiseLaw:
         norm = eps.square().sum(dim=dims, keepdim=True).sqrt() if dims else eps.abs()
         return eps / norm * r
 
-    return NoiseLaw("Radial: (ε/‖ε‖)·r", sampler, event_ndims=event_ndims)
+    return NoiseLaw("Radial: (ε/‖ε‖)·r", sampler, event_ndims=event_ndims, moments=mom.radial(event_ndims))
 
 
 # --------------------------------------------------------------------------- statistics
@@ -275,8 +280,9 @@ def noise_statistics(stream: BlockStream, keys: tuple[tuple[int, int], ...], chu
     """Per-element means t̄_{a,j} = mean_i ξ_i^a (log ξ_i)^j over the stream, without autograd.
 
     Row sums are taken as a matrix-vector product ``1ᵀ X`` (one BLAS pass over the
-    chunk); for pure location-scale statistics of degree ≤ 2 the chunk is squared
-    in place, so the cost is close to that of drawing the noise.
+    chunk); for pure location-scale statistics (positive powers, no logs) the powers are
+    formed tile by tile in cache (:func:`_power_sums`), so their cost stays small beside
+    that of drawing the noise, even up to degree 2K for a variance.
 
     Args:
         stream: the noise stream; ``rows`` has shape ``(n, *noise_shape)``.
@@ -291,7 +297,6 @@ def noise_statistics(stream: BlockStream, keys: tuple[tuple[int, int], ...], chu
     sums: dict[tuple[int, int], torch.Tensor] = {}
     powers = sorted({a for a, _ in keys})
     max_log = max((j for _, j in keys), default=0)
-    squares_only = max_log == 0 and set(powers) <= {1, 2}
 
     def accumulate(key, rows2d):
         if key not in sums:
@@ -303,17 +308,15 @@ def noise_statistics(stream: BlockStream, keys: tuple[tuple[int, int], ...], chu
 
     shape = None
     ones = None
-    with torch.no_grad():
+    # Under torch.autocast the BLAS row sums would run in half precision: statistics stay in ``dtype``.
+    with torch.no_grad(), torch.autocast(stream.device.type, enabled=False):
         for _, _, xi in stream.chunks(chunk_size):
             shape = xi.shape[1:]
             x = xi.to(dtype).reshape(xi.shape[0], -1)
             if ones is None or ones.shape[0] < x.shape[0]:
                 ones = torch.ones(max(x.shape[0], chunk_size), dtype=dtype, device=x.device)
-            if squares_only:
-                if 1 in powers:
-                    accumulate((1, 0), x)
-                if 2 in powers:
-                    accumulate((2, 0), x.square_() if stream.owns_rows else x.square())
+            if max_log == 0 and powers and powers[0] >= 1:  # location-scale statistics: tiled powers
+                _power_sums(x, powers, accumulate)
                 continue
             logx = x.log() if max_log > 0 else None
             for a in powers:
@@ -324,6 +327,33 @@ def noise_statistics(stream: BlockStream, keys: tuple[tuple[int, int], ...], chu
                     if (a, j) in keys:
                         accumulate((a, j), term)
     return {k: (v / stream.num_samples).reshape(shape) for k, v in sums.items()}
+
+
+#: Elements of one sub-chunk of :func:`_power_sums` (its running products stay in cache).
+POWER_TILE_ELEMENTS = 1 << 20
+
+
+def _power_sums(x: torch.Tensor, powers: list, accumulate) -> None:
+    """Accumulate Σ_i x_i^a for positive integer ``powers`` (``x``: rows × elements).
+
+    Rows are taken a few at a time so that the running product ``x^a`` stays in cache:
+    the higher powers (degree ≤ 2K, for the variance of a degree-K term) then cost about
+    as much as the first two.
+    """
+    top = powers[-1]
+    step = max(1, min(x.shape[0], POWER_TILE_ELEMENTS // max(1, x.shape[1])))
+    # Two reused buffers: fresh multi-megabyte tensors per tile would be page-faulted in every time.
+    bufs = [torch.empty((step, x.shape[1]), dtype=x.dtype, device=x.device)
+            for _ in range(2 if top > 2 else 1)]
+    for start in range(0, x.shape[0], step):
+        rows = x[start:start + step]
+        n = rows.shape[0]
+        term = rows
+        for a in range(1, top + 1):
+            if a > 1:
+                term = torch.mul(term, rows, out=bufs[a % len(bufs)][:n])
+            if a in powers:
+                accumulate((a, 0), term)
 
 
 def _int_power(x: torch.Tensor, a: int) -> torch.Tensor:

@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=None, help="output directory (default runs/<model>-<dataset>-<time>)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-stderr", action="store_true", help="do not log the Monte Carlo standard errors "
+                   "of the data term and the KL (measured on each epoch's first step)")
     from .optim.training import add_arguments
 
     add_arguments(p)  # --optimizer vogn|adaptive-vb|adam and its options (absent: the ELBO training below)
@@ -298,11 +300,15 @@ def train(args) -> dict:
             xb, yb = x_train[idx].to(device), y_train[idx].to(device)
             optimizer.zero_grad(set_to_none=True)
             if bayes:
+                probe = b == 0 and not args.no_stderr  # standard errors of the epoch's first step
                 terms = mnn.elbo_terms(model, xb, yb, num_samples=args.train_samples, dataset_size=n_train,
                                        chunk_size=args.chunk_size, kl_weight=schedule(step),
-                                       kl_method=args.kl_method)
+                                       kl_method=args.kl_method,
+                                       return_stderr=probe and args.train_samples > 1)
                 loss = -terms.elbo
                 nll_b, kl_b = -terms.log_likelihood.detach(), terms.kl.detach()
+                if probe:
+                    stderr = _step_stderr(model, terms, args)
             else:
                 logits = model(xb)
                 loss = nn.functional.cross_entropy(logits, yb)
@@ -321,6 +327,9 @@ def train(args) -> dict:
         row = {"epoch": epoch + 1, "step": step, "time_s": t_epoch, "loss": sums["loss"] / batches,
                "train_nll": sums["nll"] / batches, "kl": sums["kl"] / batches,
                "lr": optimizer.param_groups[0]["lr"]}
+        if bayes and not args.no_stderr:
+            row.update(stderr)
+            _log(f"epoch {epoch + 1} first step: " + ", ".join(f"{k} {v:.4g}" for k, v in stderr.items()))
         last = epoch + 1 == args.epochs
         if args.eval_every and ((epoch + 1) % args.eval_every == 0) and not last:
             split = "val" if ds.x_val is not None else "test"
@@ -354,6 +363,30 @@ def train(args) -> dict:
     _log(f"test: accuracy {test['accuracy']:.4f}  NLL {test['nll']:.4f}  ECE {test['ece']:.4f}  "
          f"Brier {test['brier']:.4f}  -> {out / 'summary.md'}")
     return summary
+
+
+def _step_stderr(model, terms, args) -> dict:
+    """Monte Carlo standard errors of one step's data term and KL, and the KL samples for 1 % error.
+
+    With ``--train-samples 1`` the data term has no variance estimate and is left out; the KL's
+    standard error then comes from one more KL evaluation (no graph) at the step's parameters.
+    """
+    import mcgraph.nn as mnn
+    from .stderr import MCEstimate
+
+    out = {}
+    if terms.kl_stderr is not None:
+        out["data_term_stderr"] = float(terms.log_likelihood_stderr)
+        kl, kl_se = terms.kl.detach(), terms.kl_stderr
+    elif min((m.kl_samples for m in mnn.bayesian_modules(model)), default=0) > 1 and args.kl_samples > 1:
+        with torch.no_grad():
+            kl, kl_se = mnn.kl(model, args.kl_samples, method=args.kl_method, return_stderr=True)
+    else:
+        return out
+    out["kl_stderr"] = float(kl_se)
+    if float(kl_se) > 0 and float(kl) != 0:
+        out["kl_samples_for_1pct"] = MCEstimate(kl, kl_se, args.kl_samples).required_samples(0.01)
+    return out
 
 
 def _markdown(s: dict) -> str:

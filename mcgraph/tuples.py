@@ -18,6 +18,7 @@ picks a tier per term:
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from .families import GenericForm, SamplingForm, is_exp
+from .moments import NoExactMoment, exact_statistic
 from .integrands import Elementwise, Node, PolyNode, SumNode, TraceResult, captured_tensors, format_monomial, format_poly
 
 
@@ -35,12 +37,16 @@ class Tier(str, enum.Enum):
     FUSED = "fused"  #: one autograd Function: sample, evaluate, reduce value and gradients
     CHUNKED = "chunked"  #: chunks without a graph, replayed on backward
     DIRECT = "direct"  #: the naive graph over all samples (comparison only)
+    ANALYTIC = "analytic"  #: exact expectation from the noise law's moments (M = ∞, no sampling)
 
     def __str__(self) -> str:
         return self.value
 
 
-METHODS = ("auto", "collapsed", "collapsed-exact", "fused", "chunked", "direct")
+METHODS = ("auto", "collapsed", "collapsed-exact", "fused", "chunked", "direct", "analytic", "auto-analytic")
+#: Methods that take polynomial terms exactly (``"analytic"``: all terms or an error;
+#: ``"auto-analytic"``: where the noise law's moments allow, the sampling tiers elsewhere).
+ANALYTIC_METHODS = ("analytic", "auto-analytic")
 
 
 @dataclass(frozen=True, eq=False)
@@ -104,6 +110,8 @@ class Plan:
             lines.append("  fn does not depend on w: the expectation is fn's value")
         for i, t in enumerate(self.terms):
             flag = " [exact statistics: same law, different numbers]" if t.exact else ""
+            flag += " [EXACT: the expectation itself, M = ∞, no Monte Carlo error]" \
+                if t.tier == Tier.ANALYTIC else ""
             flag += f" [APPROXIMATE: Taylor order {t.taylor_order}, biased]" if t.approximate else ""
             lines.append(f"  term {i}: {t.label}")
             lines.append(f"    tier: {t.tier}{flag}")
@@ -114,9 +122,62 @@ class Plan:
                              else f"    d_P = {t.d_P}·M (grows with M)")
             if t.reason:
                 lines.append(f"    not collapsible: {t.reason}")
+            variance = _variance_line(self.form, t)
+            if variance:
+                lines.append(f"    standard error: {variance}")
+        if stderr_mode(self)[0] == "per_sample":
+            lines.append("  standard error of the total: per-sample values of fn in one extra pass over the "
+                         "same noise (covariances between terms included)")
         return "\n".join(lines)
 
     __repr__ = __str__
+
+
+def _variance_line(form, t: TermPlan) -> str:
+    """How ``return_stderr=True`` gets this term's variance, in words (empty when there is nothing to say)."""
+    if t.tier == Tier.ANALYTIC:
+        return "0 (exact)"
+    if t.tier == Tier.FUSED:
+        return "Σh² accumulated beside Σh in the same pass"
+    if t.tier in (Tier.CHUNKED, Tier.DIRECT):
+        return "from the per-sample values (Σf² beside Σf)"
+    if t.approximate or not t.monomials:
+        return ""
+    if all(m == (0, 0) for m, _ in t.monomials):
+        return "0 (constant)"
+    if form.is_scaling:
+        feats = {(a, j) for (a, b), _ in t.monomials for j in range(b + 1)} - {(0, 0)}
+        keys = {(a1 + a2, j1 + j2) for a1, j1 in feats for a2, j2 in feats} | feats
+        return (f"Var = Σ α_f α_g (t̄_(f+g) − t̄_f t̄_g) over the statistics ξ^a (log ξ)^j of the term; "
+                f"variance tuple d_P = {len(keys)} (independent of M)")
+    K = max(a for (a, _), _ in t.monomials)
+    how = "exact noise moments" if t.exact else "same pass"
+    return (f"Var = αᵀ C α, C_jl = t̄_(j+l) − t̄_j t̄_l, statistics mean ξ^j, j ≤ {2 * K} ({how}); "
+            f"variance tuple (a polynomial of degree {2 * K}) d_P = {_cor3_dp(2 * K)} (independent of M)")
+
+
+def _is_random(t: TermPlan) -> bool:
+    if t.tier in (Tier.FUSED, Tier.CHUNKED, Tier.DIRECT):
+        return True
+    if t.tier == Tier.COLLAPSED:
+        return t.approximate or any(m != (0, 0) for m, _ in t.monomials)
+    return False
+
+
+def stderr_mode(plan: Plan) -> tuple[str, TermPlan | None]:
+    """``("zero" | "collapsed" | "fused" | "whole" | "per_sample", term)``: how the total's
+    standard error is computed (see the module docstring)."""
+    if plan.trace.constant is not None:
+        return "zero", None
+    whole = plan.whole
+    if whole is not None:
+        return ("whole" if whole.tier == Tier.CHUNKED else "per_sample"), whole
+    random = [t for t in plan.terms if _is_random(t)]
+    if not random:
+        return "zero", None
+    if len(random) == 1 and not plan.trace.expr.pieces[random[0].piece].chain and not random[0].approximate:
+        return ("collapsed" if random[0].tier == Tier.COLLAPSED else "fused"), random[0]
+    return "per_sample", None
 
 
 # --------------------------------------------------------------------------- monomial rules
@@ -226,7 +287,7 @@ def classify(form, trace: TraceResult, method: str = "auto", taylor_order: int |
         return Plan(form, trace, (_whole(form, trace, Tier(method), "forced by method"),), method)
     if trace.opaque or isinstance(form, GenericForm):
         reason = trace.reason if trace.opaque else f"no sampling form ({form.reason})"
-        if method != "auto":
+        if method not in ("auto", "auto-analytic"):
             raise ValueError(f"method={method!r} does not apply to term 'fn (whole integrand)': {reason}")
         return Plan(form, trace, (_whole(form, trace, Tier.CHUNKED, reason),), method)
 
@@ -262,7 +323,16 @@ def _classify_piece(form, e: Elementwise, i: int, method: str, taylor_order, exa
         label = format_poly({m: c for m, c in e.poly.items() if m not in rest})
         if exact:
             _check_exact(form, keys, label)
-        out.append(_collapsed_term(form, collapsible, i, keys, label, exact))
+        why_not = analytic_reason(form, keys) if method in ANALYTIC_METHODS else "not asked for"
+        if not why_not:
+            term = _collapsed_term(form, collapsible, i, keys, label, False)
+            out.append(dataclasses.replace(term, tier=Tier.ANALYTIC, tuple_t=term.tuple_t.replace(
+                "mean", "E") + " exactly, from the noise law's moments"))
+        elif method == "analytic":
+            raise ValueError(f"method='analytic' does not apply to term '{label}': {why_not}; "
+                             "method='auto-analytic' leaves such terms to the sampling tiers")
+        else:
+            out.append(_collapsed_term(form, collapsible, i, keys, label, exact))
     if leftovers:
         node = leftovers[0] if len(leftovers) == 1 else SumNode(tuple(leftovers))
         reason = "; ".join(reasons)
@@ -270,9 +340,27 @@ def _classify_piece(form, e: Elementwise, i: int, method: str, taylor_order, exa
             out.append(_taylor_term(form, node, i, taylor_order, reason))
         elif method in ("collapsed", "collapsed-exact"):
             raise ValueError(f"method={method!r} does not apply to term '{node}': {reason}")
+        elif method == "analytic":
+            raise ValueError(f"method='analytic' does not apply to term '{node}': it is not a polynomial "
+                             f"in the noise, so it has no exact form ({reason}); method='auto-analytic' "
+                             "leaves it to the sampling tiers")
         else:
             out.append(_fused_term(form, node, i, reason))
     return out
+
+
+def analytic_reason(form, keys) -> str:
+    """Why the statistics ``keys`` have no exact expectation under ``form``'s noise (empty when they do)."""
+    for key in sorted(keys):
+        if key == (0, 0):
+            continue
+        try:
+            exact_statistic(form.noise.moments, key, tuple(form.noise_shape))
+        except NoExactMoment as e:
+            a, j = key
+            stat = f"ξ^{a}" + (f"·(log ξ)^{j}" if j else "")
+            return f"E[{stat}] under {form.noise}: {e}"
+    return ""
 
 
 def _check_exact(form, keys: set, label: str) -> None:

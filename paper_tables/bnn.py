@@ -104,7 +104,7 @@ def kl(b: BNN, method: str, num_samples: int, kl_seed: int) -> torch.Tensor:
 
     total = 0
     for i, layer in enumerate(mnn.bayesian_modules(b.net)):
-        q = layer.posterior()
+        q = layer.posterior
         p = layer.prior
         p._validate_args = False
         extra = len(q.event_shape) - len(p.event_shape)

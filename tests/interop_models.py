@@ -72,9 +72,9 @@ def mcgraph_data_term_reference(model, x, y, num_samples: int, seed: int) -> tor
     layers = bayesian_modules(model)
     run = sample_run(model, num_samples, seed)
     with torch.no_grad():
-        w_noise = [run.form_rows(l, NoiseKind.WEIGHT, family_of(l.posterior()), 0, num_samples).clone()
+        w_noise = [run.form_rows(l, NoiseKind.WEIGHT, family_of(l.posterior), 0, num_samples).clone()
                    for l in layers]
-        b_noise = [run.form_rows(l, NoiseKind.BIAS, family_of(l.bias_posterior()), 0, num_samples).clone()
+        b_noise = [run.form_rows(l, NoiseKind.BIAS, family_of(l.bias_posterior), 0, num_samples).clone()
                    if l.bias_mu is not None else None for l in layers]
     total = 0
     for i in range(num_samples):

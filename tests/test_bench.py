@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -318,3 +319,29 @@ def test_step_case_methods_agree_on_a_small_network():
     for m in ("collapsed", "direct", "vectorised", "grad-accum", "mcgraph", "fused"):
         assert by[m].ok, (m, by[m].status)
     assert by["direct"].bytes > by["grad-accum"].bytes
+
+
+def test_bench_without_matplotlib_writes_everything_else(tmp_path):
+    """matplotlib made unimportable in a fresh interpreter (a real ImportError, via sitecustomize)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text("import sys\nsys.modules['matplotlib'] = None\n")
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shim), str(Path(__file__).resolve().parents[1])]))
+    code = ("import sys\ntry:\n    import matplotlib\nexcept ImportError:\n    pass\nelse:\n    sys.exit(3)\n"
+            "from mcgraph.bench.cli import main\n"
+            f"sys.exit(main(['--quick', '--params', '64', '--samples', '1,10', '--model', 'normal-normal', "
+            f"'--methods', 'direct,collapsed', '--no-max-m', '--repeats', '1', '--no-progress', '--out', {str(out)!r}]))")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "matplotlib is not importable" in proc.stderr and "without plots" in proc.stderr, proc.stderr
+    assert "pip install matplotlib" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    for name in ("rows.csv", "rows.json", "summary.md"):
+        assert (out / name).stat().st_size > 0
+    assert not list(out.glob("*.png"))
+    assert "no plots" in proc.stdout

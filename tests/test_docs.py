@@ -21,7 +21,7 @@ NEEDS = {"mcgraph.interop": "blitz", "mcgraph.interop.registry": "bayesian_torch
          "mcgraph.interop.convert": "blitz", "mcgraph.interop.bayesian_torch": "bayesian_torch",
          "mcgraph.interop.blitz": "blitz", "mcgraph.interop.torchbnn": "torchbnn", "mcgraph.interop.pyro": "pyro",
          "mcgraph.interop.tyxe": "tyxe"}
-MODULES += ["mcgraph.interop.priors"]
+MODULES += ["mcgraph.interop.priors", "mcgraph.stderr", "mcgraph.moments"]
 
 
 @pytest.mark.parametrize("name", MODULES + sorted(NEEDS))

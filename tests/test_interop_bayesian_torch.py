@@ -104,8 +104,8 @@ def test_moped_per_element_prior_and_float64():
     torch.testing.assert_close(bnn[0].prior.loc, model[0].prior_weight_mu)
     torch.testing.assert_close(bnn[0].bias_prior.scale, model[0].prior_bias_sigma)
     torch.testing.assert_close(bnn[2].prior.scale, torch.ones((), dtype=torch.float64))  # constant: scalar
-    exact = sum(torch.distributions.kl_divergence(l.posterior(), l.prior).sum()
-                + torch.distributions.kl_divergence(l.bias_posterior(), l.bias_prior).sum()
+    exact = sum(torch.distributions.kl_divergence(l.posterior, l.prior).sum()
+                + torch.distributions.kl_divergence(l.bias_posterior, l.bias_prior).sum()
                 for l in mg.nn.bayesian_modules(bnn))
     torch.testing.assert_close(exact, ibt.kl(model, 1), rtol=1e-10, atol=0)
 

@@ -57,7 +57,7 @@ def test_layer_shapes_and_kl_equal_direct(kind, posterior, prior):
     layer = cls(*args, posterior=posterior, prior=prior, kl_samples=40, rho_init=-2.0)
     out = layer(torch.randn(in_shape))
     assert isinstance(out, torch.Tensor) and out.shape == out_shape  # only the output, no (out, kl)
-    q = layer.posterior()
+    q = layer.posterior
     assert tuple(q.batch_shape + q.event_shape) == tuple(layer.weight_mu.shape)
     if posterior == "radial":
         assert q.event_shape == layer.weight_mu.shape  # the event is the whole weight tensor
@@ -203,7 +203,7 @@ def test_elbo_gradients_match_explicit_noise_reference():
     layers = mnn.bayesian_modules(net)
     run = sample_run(net, M, seed=4)
     with torch.no_grad():
-        noise = [run.form_rows(l, NoiseKind.WEIGHT, family_of(l.posterior()), 0, M).clone() for l in layers]
+        noise = [run.form_rows(l, NoiseKind.WEIGHT, family_of(l.posterior), 0, M).clone() for l in layers]
     loss = 0
     for i in range(M):
         h = F.relu(F.linear(x, layers[0].weight_mu + layers[0].weight_sigma * noise[0][i], layers[0].bias))
@@ -349,15 +349,15 @@ def test_model_kl_sums_layers_and_uses_layer_samples():
 def test_normal_normal_kl_close_to_closed_form():
     torch.manual_seed(0)
     layer = mnn.BayesLinear(20, 10, kl_samples=20_000, rho_init=-1.0)
-    exact = torch.distributions.kl_divergence(layer.posterior(), layer.prior).sum()
+    exact = torch.distributions.kl_divergence(layer.posterior, layer.prior).sum()
     torch.testing.assert_close(layer.kl(seed=0, method="collapsed-exact"), exact, rtol=0.02, atol=0.5)
 
 
 def test_bayesian_bias_has_kl_and_noise():
     layer = mnn.BayesLinear(4, 3, bayesian_bias=True, posterior="laplace", kl_samples=20)
     assert layer.bias is None and layer.bias_mu is not None
-    assert layer.bias_posterior() is not None
-    kl_w = mg.kl_divergence(layer.posterior(), layer.prior, 20, seed=0).sum()
+    assert layer.bias_posterior is not None
+    kl_w = mg.kl_divergence(layer.posterior, layer.prior, 20, seed=0).sum()
     assert layer.kl(seed=0) > kl_w
 
 

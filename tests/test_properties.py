@@ -327,7 +327,8 @@ _BAD = {
 _GOOD = {
     "num_samples": st.one_of(st.integers(1, 20), st.just(np.int64(7))),
     "seed": st.one_of(st.none(), st.integers(0, 2**40)),
-    "method": st.sampled_from(["auto", "direct", "chunked", "fused", "collapsed", "collapsed-exact"]),
+    "method": st.sampled_from(["auto", "direct", "chunked", "fused", "collapsed", "collapsed-exact", "analytic",
+                               "auto-analytic"]),
     "chunk_size": st.one_of(st.none(), st.integers(1, 25)),
     "taylor_order": st.one_of(st.none(), st.integers(1, 3)),
 }

@@ -55,8 +55,8 @@ def test_layer_uses_the_transform_everywhere(spec):
     layer = mnn.BayesLinear(4, 3, scale_transform=spec, bayesian_bias=True, rho_init=-3.0, dtype=torch.float64)
     t = mnn.scale_transform(spec)
     torch.testing.assert_close(layer.weight_sigma, t(layer.weight_rho))
-    torch.testing.assert_close(layer.posterior().stddev, t(layer.weight_rho))
-    torch.testing.assert_close(layer.bias_posterior().stddev, t(layer.bias_rho))
+    torch.testing.assert_close(layer.posterior.stddev, t(layer.weight_rho))
+    torch.testing.assert_close(layer.bias_posterior.stddev, t(layer.bias_rho))
     # The layer's KL equals the engine's on Normal(μ, t(ρ)) with the same seeds, ρ-gradient included.
     kl = layer.kl(num_samples=64, seed=0)
     g, = torch.autograd.grad(kl, layer.weight_rho)

@@ -174,3 +174,18 @@ def test_mnist_lenet5_radial_reaches_98_percent(tmp_path):
     print(f"\nBNN: acc {bnn['accuracy']:.4f} NLL {bnn['nll']:.4f} ECE {bnn['ece']:.4f}; "
           f"deterministic: acc {det['accuracy']:.4f} NLL {det['nll']:.4f} ECE {det['ece']:.4f}")
     assert bnn["accuracy"] >= 0.98
+
+
+@pytest.mark.skipif(not HAS_SKLEARN, reason="scikit-learn not installed")
+@pytest.mark.parametrize("train_samples", [1, 4])
+def test_training_logs_monte_carlo_standard_errors(tmp_path, train_samples):
+    out = tmp_path / "run"
+    assert mtrain.main(["--model", "mlp", "--hidden", "16", "--dataset", "digits", "--epochs", "1",
+                        "--limit-train", "64", "--limit-test", "32", "--batch-size", "32", "--kl-samples", "50",
+                        "--train-samples", str(train_samples), "--eval-samples", "2", "--no-progress",
+                        "--out", str(out)]) == 0
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["kl_stderr"] > 0 and row["kl_samples_for_1pct"] >= 2
+    assert ("data_term_stderr" in row) == (train_samples > 1)
+    if train_samples > 1:
+        assert row["data_term_stderr"] > 0

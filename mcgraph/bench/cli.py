@@ -208,12 +208,29 @@ def _list() -> int:
     return 0
 
 
+PLOTS_HINT = "pip install matplotlib (or pip install 'mcgraph[bench]') for the PNG plots"
+
+
+def plotting_available() -> str | None:
+    """``None`` when matplotlib imports, else why not (checked before any point runs)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as e:
+        return f"matplotlib is not importable ({e})"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``mcgraph bench``; returns the exit status (1 if a method was refused or errored)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     if args.list:
         return _list()
+    no_plots = plotting_available() if args.out and args.plots else None
+    if no_plots:  # say it now, not after every point has run
+        print(f"mcgraph bench: {no_plots}: rows.csv, rows.json and summary.md will be written without plots; "
+              f"{PLOTS_HINT}", file=sys.stderr)
+        args.plots = False
     start = time.perf_counter()
     busy = _busy_warning()
     if args.threads is None and busy:
@@ -289,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         paths = write_all(rows, meta, args.out, notes, plots=args.plots)
         where = f"wrote {paths['csv']}, {paths['json']}, {paths['markdown']}" + (
-            f" and {len(paths['plots'])} plots" if paths["plots"] else "")
+            f" and {len(paths['plots'])} plots" if paths["plots"] else "") + (
+            f" (no plots: {no_plots}; {PLOTS_HINT})" if no_plots else "")
     else:
         where = "pass --out DIR to write rows.csv, rows.json, summary.md and plots"
     print(text_report(rows, notes, targets))

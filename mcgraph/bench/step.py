@@ -134,7 +134,7 @@ class StepCase(Case):
         elif method == "direct":
             kl = 0
             for i, layer in enumerate(self.layers):
-                q = layer.posterior()
+                q = layer.posterior
                 p = self._prior(layer)
                 extra = len(q.event_shape) - len(p.event_shape)
                 cross = direct_loop_value(mg.family_of(q), lambda w, p=p, e=extra: _sum_rightmost(p.log_prob(w), e),
@@ -151,16 +151,16 @@ class StepCase(Case):
         n = self.dataset_size
         first = self._data_loss(seed)
         for layer in self.layers:
-            first = first - layer.posterior().entropy().sum() / n
+            first = first - layer.posterior.entropy().sum() / n
         nbytes = mg.graph_size(first).saved_bytes if measure_bytes else None
         first.backward()
         total = first.detach()
-        streams = [stream_for(mg.family_of(layer.posterior()), mix_seed(kl_seed, i), num_samples)
+        streams = [stream_for(mg.family_of(layer.posterior), mix_seed(kl_seed, i), num_samples)
                    for i, layer in enumerate(self.layers)]
         for s in range(num_samples):
             part = 0
             for layer, stream in zip(self.layers, streams):
-                w = samples(mg.family_of(layer.posterior()), stream.rows(s, s + 1).clone())[0]
+                w = samples(mg.family_of(layer.posterior), stream.rows(s, s + 1).clone())[0]
                 part = part - self._prior(layer).log_prob(w).sum()
             part = part / (num_samples * n)
             if measure_bytes and s == 0:

@@ -28,6 +28,11 @@ from ..families import GenericForm, SamplingForm
 from .sampling import samples, stream_for
 
 
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for half-precision values (autocast), the values' own floating dtype otherwise."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def batched(fn: Callable) -> Callable:
     """``fn`` over a leading sample axis: ``torch.func.vmap`` when it works, else a loop."""
     vf = torch.func.vmap(fn)
@@ -74,6 +79,7 @@ class ChunkedSpec:
     num_samples: int
     chunk_size: int
     n_params: int  # leading inputs that are the form's (loc, scale)
+    moments: object = None  # a mcgraph.stderr.SampleMoments fed with the per-sample values (return_stderr)
 
 
 class ChunkedMC(torch.autograd.Function):
@@ -88,9 +94,12 @@ class ChunkedMC(torch.autograd.Function):
         stream = stream_for(spec.form, spec.seed, spec.num_samples)
         with torch.no_grad():
             for _, _, rows in stream.chunks(spec.chunk_size):
-                part = spec.fn(samples(spec.form, rows)).sum(0)
+                values = spec.fn(samples(spec.form, rows))
+                if spec.moments is not None:
+                    spec.moments.add(values)
+                part = values.sum(0, dtype=accumulation_dtype(values.dtype))
                 total = part if total is None else total + part
-        return total / spec.num_samples
+        return (total / spec.num_samples).to(values.dtype)  # fn's dtype (an autocast dtype stays)
 
     @staticmethod
     @once_differentiable
@@ -125,8 +134,12 @@ class ChunkedMC(torch.autograd.Function):
         return (None, *grads)
 
 
-def chunked_value(form, fn: Callable, seed: int, num_samples: int, chunk_size: int) -> torch.Tensor:
-    """E[fn(w)] by the chunked Function, connected to every tensor the samples and ``fn`` depend on."""
+def chunked_value(form, fn: Callable, seed: int, num_samples: int, chunk_size: int,
+                  moments=None) -> torch.Tensor:
+    """E[fn(w)] by the chunked Function, connected to every tensor the samples and ``fn`` depend on.
+
+    ``moments`` (a :class:`mcgraph.stderr.SampleMoments`) also receives the per-sample values.
+    """
     bfn = batched(fn)
     # Probe one chunk of one sample to find the leaves fn (and a generic rsample) reach.
     stream = stream_for(form, seed, num_samples)
@@ -145,5 +158,5 @@ def chunked_value(form, fn: Callable, seed: int, num_samples: int, chunk_size: i
         with torch.enable_grad():
             out = bfn(stream.rows(0, 1))
         leaves = graph_leaves(out) if out.requires_grad else []
-    spec = ChunkedSpec(form, bfn, seed, num_samples, chunk_size, len(params))
+    spec = ChunkedSpec(form, bfn, seed, num_samples, chunk_size, len(params), moments)
     return ChunkedMC.apply(spec, *params, *leaves)

@@ -38,6 +38,7 @@ class FusedSpec:
     num_samples: int
     chunk_size: int
     out_shape: torch.Size
+    moments: object = None  # a mcgraph.stderr.SampleMoments fed with the per-sample h (return_stderr)
 
 
 def _row_sum(x: torch.Tensor) -> torch.Tensor:
@@ -45,7 +46,8 @@ def _row_sum(x: torch.Tensor) -> torch.Tensor:
     if x.shape[0] == 1:
         return x[0]
     flat = x.reshape(x.shape[0], -1)
-    return (torch.ones(x.shape[0], dtype=x.dtype, device=x.device) @ flat).reshape(x.shape[1:])
+    with torch.autocast(x.device.type, enabled=False):  # accumulate in x's dtype, not autocast's
+        return (torch.ones(x.shape[0], dtype=x.dtype, device=x.device) @ flat).reshape(x.shape[1:])
 
 
 def _align(x: torch.Tensor, ndim: int) -> torch.Tensor:
@@ -93,6 +95,8 @@ class FusedElementwiseMC(torch.autograd.Function):
                 grads = (list(torch.autograd.grad(h, inputs, torch.ones_like(h), allow_unused=True))
                          if inputs and h.requires_grad else [None] * len(inputs))
             value += _row_sum(h.detach())
+            if spec.moments is not None:
+                spec.moments.add(h.detach())
             if any(want[:2]):
                 gu = grads.pop(0)
                 if want[0] and gu is not None:
@@ -125,10 +129,13 @@ class FusedElementwiseMC(torch.autograd.Function):
 
 
 def fused_value(form: SamplingForm, node: Node, out_shape, seed: int, num_samples: int,
-                chunk_size: int) -> torch.Tensor:
-    """E[h(w)] by the fused Function (autograd-connected to loc, scale and h's tensors)."""
+                chunk_size: int, moments=None) -> torch.Tensor:
+    """E[h(w)] by the fused Function (autograd-connected to loc, scale and h's tensors).
+
+    ``moments`` (a :class:`mcgraph.stderr.SampleMoments`) also receives the per-sample values.
+    """
     from ..integrands import captured_tensors
 
     captured = captured_tensors(node)
-    spec = FusedSpec(form, node, captured, seed, num_samples, chunk_size, torch.Size(out_shape))
+    spec = FusedSpec(form, node, captured, seed, num_samples, chunk_size, torch.Size(out_shape), moments)
     return FusedElementwiseMC.apply(spec, form.loc, form.scale, *captured)

@@ -95,7 +95,7 @@ def bayesify(model: nn.Module, *, posterior="normal", prior="normal", kl_samples
 
 
 def kl(model: nn.Module, num_samples: int | None = None, *, seed: int | None = None,
-       method: str = "auto") -> torch.Tensor:
+       method: str = "auto", return_stderr: bool = False):
     """Sum of KL(q ‖ p) over the Bayesian layers of ``model``, each with its own prior.
 
     .. math::
@@ -110,6 +110,8 @@ def kl(model: nn.Module, num_samples: int | None = None, *, seed: int | None = N
         num_samples: M for every layer; ``None`` uses each layer's ``kl_samples``.
         seed: noise seed; layer ``l`` uses ``mix(seed, l)`` (``None``: drawn once).
         method: the engine's method (``"auto"``, ``"collapsed-exact"``, ``"direct"``, …).
+        return_stderr: return ``(value, stderr)``, the standard error of the sum (layers are
+            seeded apart, so their variances add; see :meth:`BayesLayer.kl`).
 
     Returns:
         A 0-d tensor (0 when the model has no Bayesian layer).
@@ -124,14 +126,19 @@ def kl(model: nn.Module, num_samples: int | None = None, *, seed: int | None = N
     """
     layers = bayesian_modules(model)
     seed = resolve_seed(seed)
-    total = None
+    total = var = None
     for i, layer in enumerate(layers):
-        v = layer.kl(num_samples, seed=mix_seed(seed, i), method=method)
+        v = layer.kl(num_samples, seed=mix_seed(seed, i), method=method, return_stderr=return_stderr)
+        if return_stderr:
+            v, se = v
+            var = se * se if var is None else var + se * se
         total = v if total is None else total + v
     if total is None:
         p = next(model.parameters(), None)
-        return torch.zeros((), dtype=p.dtype if p is not None else None, device=p.device if p is not None else None)
-    return total
+        total = torch.zeros((), dtype=p.dtype if p is not None else None,
+                            device=p.device if p is not None else None)
+        var = torch.zeros_like(total)
+    return (total, var.sqrt()) if return_stderr else total
 
 
 def set_mode(model: nn.Module, mode: str | SampleMode) -> nn.Module:

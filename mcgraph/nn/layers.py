@@ -6,8 +6,8 @@ Every layer holds a variational posterior over its weight,
     q(W) = \\text{posterior}(\\mu, \\sigma), \\qquad \\sigma = t(\\rho)
     \\;(\\text{default } t = \\operatorname{softplus}, \\text{ see } :mod:`mcgraph.nn.scales`),
 
-built on demand by :meth:`BayesLayer.posterior`, and a prior ``p(W)``
-(:attr:`BayesLayer.prior`). ``forward`` returns only the output; the KL term is
+built on demand by the property :attr:`BayesLayer.posterior`, and a prior ``p(W)``
+(the property :attr:`BayesLayer.prior`). ``forward`` returns only the output; the KL term is
 collected from the modules by :func:`mcgraph.nn.kl`, which calls
 :meth:`BayesLayer.kl` = ``mg.kl_divergence(q, p, kl_samples)`` (collapsed, fused
 or chunked tier, graph independent of ``kl_samples``).
@@ -46,6 +46,7 @@ from torch.nn.modules.utils import _ntuple, _reverse_repeat_tuple
 from ..api import kl_divergence
 from ..families import GenericForm, SamplingForm, family_of
 from ..noise import mix_seed, resolve_seed
+from .deprecation import callable_distribution
 from .context import NoiseKind, current_capture, current_window, form_noise_global, normal_draw, rademacher
 from .priors import make_prior, resolve_posterior
 from .scales import scale_transform as resolve_scale_transform
@@ -207,21 +208,26 @@ class BayesLayer(nn.Module):
     def bias_sigma(self) -> torch.Tensor | None:
         return None if self.bias_rho is None else self.scale_transform(self.bias_rho)
 
+    @property
     def posterior(self) -> Distribution:
         """q(W) = posterior(weight_mu, scale_transform(weight_rho)), differentiable in both.
 
-        Built without argument validation (σ > 0 by construction; validation would
+        A property, like :attr:`prior` (the former call ``layer.posterior()`` still works and
+        warns). Built without argument validation (σ > 0 by construction; validation would
         synchronise with the device on every forward).
         """
         with _unvalidated():
-            return self._posterior_factory(self.weight_mu, self.weight_sigma)
+            q = self._posterior_factory(self.weight_mu, self.weight_sigma)
+        return callable_distribution(q, "layer.posterior")
 
+    @property
     def bias_posterior(self) -> Distribution | None:
-        """q(b) for a Bayesian bias, else ``None``."""
+        """q(b) for a Bayesian bias, else ``None`` (a property, like :attr:`bias_prior`)."""
         if self.bias_mu is None:
             return None
         with _unvalidated():
-            return self._posterior_factory(self.bias_mu, self.bias_sigma)
+            q = self._posterior_factory(self.bias_mu, self.bias_sigma)
+        return callable_distribution(q, "layer.bias_posterior")
 
     @property
     def prior(self) -> Distribution:
@@ -236,7 +242,8 @@ class BayesLayer(nn.Module):
     def is_bayesian_bias(self) -> bool:
         return self.bias_mu is not None
 
-    def kl(self, num_samples: int | None = None, *, seed: int | None = None, method: str = "auto") -> torch.Tensor:
+    def kl(self, num_samples: int | None = None, *, seed: int | None = None, method: str = "auto",
+           return_stderr: bool = False):
         """KL(q ‖ p) of this layer's weight (and Bayesian bias), summed: a 0-d tensor.
 
         .. math::
@@ -249,6 +256,9 @@ class BayesLayer(nn.Module):
             num_samples: M (default: ``self.kl_samples``).
             seed: noise seed (``None``: drawn from the global generator).
             method: the engine's method (``"auto"``, ``"collapsed-exact"``, ``"direct"``, …).
+            return_stderr: also return the standard error of the sum, ``(value, stderr)``: the
+                elements of q's batch (and the bias, seeded apart) have independent noise, so
+                their variances add.
 
         Example:
             >>> import torch, mcgraph as mg
@@ -258,9 +268,13 @@ class BayesLayer(nn.Module):
         """
         m = self.kl_samples if num_samples is None else _check_positive_int("num_samples", num_samples)
         seed = resolve_seed(seed)
-        value = kl_divergence(self.posterior(), self.prior, m, seed=seed, method=method).sum()
+        if return_stderr:
+            from .stderr import layer_kl_with_stderr
+
+            return layer_kl_with_stderr(self, m, seed, method)
+        value = kl_divergence(self.posterior, self.prior, m, seed=seed, method=method).sum()
         if self.bias_mu is not None:
-            value = value + kl_divergence(self.bias_posterior(), self.bias_prior, m, seed=mix_seed(seed, 1),
+            value = value + kl_divergence(self.bias_posterior, self.bias_prior, m, seed=mix_seed(seed, 1),
                                           method=method).sum()
         return value
 
@@ -316,7 +330,7 @@ class BayesLayer(nn.Module):
 
     def _sample_bias(self, rows: int, S: int, ndim: int, delta: bool) -> torch.Tensor | None:
         """Per-row bias samples ``(S·rows, C)`` broadcast to the activation (``b_s − μ_b`` if ``delta``)."""
-        b = self._samples_of(self.bias_posterior(), NoiseKind.BIAS)
+        b = self._samples_of(self.bias_posterior, NoiseKind.BIAS)
         if delta:
             b = b - self.bias_mu
         b = b[:, None, :].expand(S, rows, b.shape[-1]).reshape(S * rows, b.shape[-1])
@@ -342,12 +356,12 @@ class BayesLayer(nn.Module):
             return self._forward_local(x, S, rows)
         if self.flipout:
             return self._forward_flipout(x, S, rows)
-        w = self._samples_of(self.posterior(), NoiseKind.WEIGHT)
+        w = self._samples_of(self.posterior, NoiseKind.WEIGHT)
         out = self._op_samples(x, w, S)
         if self.bias is not None:
-            out = out + self._channels(self.bias[None], out.dim())
+            out = out + self._channels(self.bias[None], out.dim()).to(out.dtype)  # autocast: as F.linear
         elif self.bias_mu is not None:
-            out = out + self._sample_bias(rows, S, out.dim(), delta=False)
+            out = out + self._sample_bias(rows, S, out.dim(), delta=False).to(out.dtype)
         return out
 
     def _record(self, cap, x: torch.Tensor) -> torch.Tensor:
@@ -390,7 +404,7 @@ class BayesLayer(nn.Module):
 
     def _forward_flipout(self, x: torch.Tensor, S: int, rows: int) -> torch.Tensor:
         # y = x μ + b + ((x ∘ s_in) ΔW_s) ∘ s_out,  ΔW_s = W_s − μ
-        q = self.posterior()
+        q = self.posterior
         mean = self._op(x, self.weight_mu, self._bias_mean)
         delta = self._samples_of(q, NoiseKind.WEIGHT) - self.weight_mu
         dtype, device = x.dtype, x.device
@@ -405,7 +419,7 @@ class BayesLayer(nn.Module):
         s_out = self._channels(s_out.reshape(S * rows, c_out), mean.dim())
         out = mean + self._op_samples(x * s_in, delta, S) * s_out
         if self.bias_mu is not None:
-            out = out + self._sample_bias(rows, S, out.dim(), delta=True)
+            out = out + self._sample_bias(rows, S, out.dim(), delta=True).to(out.dtype)
         return out
 
     def extra_repr(self) -> str:

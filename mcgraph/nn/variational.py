@@ -31,7 +31,9 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from ..estimators.chunked import accumulation_dtype
 from ..noise import mix_seed, resolve_seed
+from ..stderr import MCEstimate, SampleMoments
 from .context import bayesian_modules, chunks, sample_run
 from .convert import kl as model_kl
 from .layers import SampleMode
@@ -46,10 +48,11 @@ __all__ = ["elbo", "elbo_terms", "expected_data_term", "default_chunk", "ELBOTer
 class _NetworkSpec:
     """Non-tensor arguments of :class:`WholeNetworkMC`."""
 
-    fn: Callable[[int, int], torch.Tensor]  # fn(start, stop) -> Σ over the chunk's samples (0-d)
+    fn: Callable[[int, int], torch.Tensor]  # fn(start, stop) -> the chunk's per-sample values (S,)
     num_samples: int
     chunk_size: int
     want: tuple  # which inputs need a gradient
+    moments: object = None  # a mcgraph.stderr.SampleMoments fed with the per-sample values (return_stderr)
 
 
 class WholeNetworkMC(torch.autograd.Function):
@@ -72,16 +75,21 @@ class WholeNetworkMC(torch.autograd.Function):
         for start, stop in chunks(spec.num_samples, spec.chunk_size):
             if targets:
                 with torch.enable_grad():
-                    value = spec.fn(start, stop)
+                    per_sample = spec.fn(start, stop)
+                    value = per_sample.sum()
                     grads = (torch.autograd.grad(value, targets, allow_unused=True) if value.requires_grad
                              else [None] * len(targets))
                 for k, g in enumerate(grads):
                     if g is not None:
                         acc[k] = g if acc[k] is None else acc[k] + g
             else:
-                value = spec.fn(start, stop)
-            value = value.detach()
+                per_sample = spec.fn(start, stop)
+                value = per_sample.sum()
+            if spec.moments is not None:
+                spec.moments.add(per_sample.detach())
+            value = value.detach().to(accumulation_dtype(value.dtype))  # float32 sums under autocast
             total = value if total is None else total + value
+        total = total.to(per_sample.dtype)
         m = spec.num_samples
         it = iter(acc)
         saved, present = [], []
@@ -106,12 +114,18 @@ class ELBOTerms(NamedTuple):
     """``elbo`` = ``log_likelihood`` − ``kl_weight`` · ``kl`` / ``dataset_size`` (all 0-d tensors).
 
     ``log_likelihood`` is the per-example mean of the M-sample data term; ``kl`` the
-    unscaled KL summed over weights.
+    unscaled KL summed over weights. With ``return_stderr=True`` the ``*_stderr`` fields are
+    the standard errors of the three estimates (detached); otherwise ``None``. The data term
+    and the KL use independent noise, so
+    ``elbo_stderr² = log_likelihood_stderr² + (kl_weight · kl_stderr / dataset_size)²``.
     """
 
     elbo: torch.Tensor
     log_likelihood: torch.Tensor
     kl: torch.Tensor
+    log_likelihood_stderr: torch.Tensor | None = None
+    kl_stderr: torch.Tensor | None = None
+    elbo_stderr: torch.Tensor | None = None
 
 
 def _positive_int(name, value, allow_none=False):
@@ -139,11 +153,13 @@ def default_chunk(model: nn.Module, num_samples: int) -> int:
 def expected_data_term(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_samples: int,
                        likelihood="categorical", noise_std=1.0, seed: int | None = None,
                        chunk_size: int | None = None, method: str = "chunked",
-                       vectorize: bool | None = None) -> torch.Tensor:
+                       vectorize: bool | None = None, return_stderr: bool = False):
     """``(1/B) Σ_b (1/M) Σ_i log p(y_b | x_b, W_i)`` over whole-network samples (a 0-d tensor).
 
     ``method="chunked"``: :class:`WholeNetworkMC` (memory of one chunk);
     ``method="direct"``: every sample in one autograd graph (the naive reference).
+    ``return_stderr=True`` returns an :class:`~mcgraph.stderr.MCEstimate`: the standard error
+    from the per-sample values (Σf² beside Σf in the same pass; ``num_samples >= 2``).
     The other arguments are those of :func:`elbo`.
 
     Example:
@@ -156,6 +172,12 @@ def expected_data_term(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, nu
         True
     """
     num_samples = _positive_int("num_samples", num_samples)
+    if not isinstance(return_stderr, bool):
+        raise TypeError(f"return_stderr must be a bool, got {type(return_stderr).__name__}")
+    if return_stderr and num_samples < 2:
+        raise ValueError(f"num_samples must be >= 2 with return_stderr=True (a single sample has no variance "
+                         f"to estimate), got {num_samples}")
+    moments = SampleMoments() if return_stderr else None
     chunk = _positive_int("chunk_size", chunk_size, allow_none=True) or default_chunk(model, num_samples)
     if method not in ("chunked", "direct"):
         raise ValueError(f"method must be 'chunked' or 'direct', got {method!r}")
@@ -172,34 +194,65 @@ def expected_data_term(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, nu
         size = stop - start
         target = y.repeat(size, *([1] * (y.dim() - 1)))
         ll = log_likelihood(likelihood, out.reshape(size * batch, *out.shape[2:]), target, noise_std)
-        return ll.sum() / batch
+        return ll.reshape(size, batch).sum(1) / batch  # per-sample values (S,)
+
+    def result(value):
+        if moments is None:
+            return value
+        return MCEstimate(value, moments.stderr().to(value.dtype), num_samples)
 
     if method == "direct":
-        total = sum(chunk_value(a, b) for a, b in chunks(num_samples, chunk))
-        return total / num_samples
+        total = 0
+        for a, b in chunks(num_samples, chunk):
+            per_sample = chunk_value(a, b)
+            if moments is not None:
+                moments.add(per_sample.detach())
+            total = total + per_sample.sum()
+        return result(total / num_samples)
     inputs = [p for p in model.parameters()]
     if x.requires_grad:
         inputs.append(x)
     if isinstance(noise_std, torch.Tensor):
         inputs.append(noise_std)
     want = tuple(torch.is_grad_enabled() and t.requires_grad for t in inputs)
-    spec = _NetworkSpec(chunk_value, num_samples, chunk, want)
-    return WholeNetworkMC.apply(spec, *inputs)
+    spec = _NetworkSpec(chunk_value, num_samples, chunk, want, moments)
+    return result(WholeNetworkMC.apply(spec, *inputs))
 
 
 def elbo_terms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_samples: int, dataset_size: int,
                kl_samples: int | None = None, chunk_size: int | None = None, likelihood="categorical",
                noise_std=1.0, kl_weight: float = 1.0, seed: int | None = None, method: str = "chunked",
-               kl_method: str = "auto", vectorize: bool | None = None) -> ELBOTerms:
-    """The ELBO and its two terms; see :func:`elbo` for the arguments."""
+               kl_method: str = "auto", vectorize: bool | None = None,
+               return_stderr: bool = False) -> ELBOTerms:
+    """The ELBO and its two terms; see :func:`elbo` for the arguments.
+
+    ``return_stderr=True`` also fills the standard errors of :class:`ELBOTerms` (the data
+    term's from its per-sample values, the KL's from the engine, both in the pass that
+    computes them; ``num_samples`` and every KL's M must be ≥ 2).
+
+    Example:
+        >>> import torch, mcgraph as mg
+        >>> net = mg.nn.bayesify(torch.nn.Linear(4, 3), kl_samples=100)
+        >>> t = mg.nn.elbo_terms(net, torch.randn(8, 4), torch.randint(0, 3, (8,)), num_samples=16,
+        ...                      dataset_size=1000, seed=0, return_stderr=True)
+        >>> bool(t.log_likelihood_stderr > 0), bool(t.kl_stderr > 0)
+        (True, True)
+    """
     dataset_size = _positive_int("dataset_size", dataset_size)
     if not isinstance(kl_weight, (numbers.Real, torch.Tensor)) or isinstance(kl_weight, bool):
         raise ValueError(f"kl_weight must be a real number, got {kl_weight!r}")
     seed = resolve_seed(seed)
     data = expected_data_term(model, x, y, num_samples=num_samples, likelihood=likelihood, noise_std=noise_std,
-                              seed=seed, chunk_size=chunk_size, method=method, vectorize=vectorize)
-    kl_value = model_kl(model, kl_samples, seed=mix_seed(seed, 1 << 20), method=kl_method)
-    return ELBOTerms(data - kl_weight * kl_value / dataset_size, data, kl_value)
+                              seed=seed, chunk_size=chunk_size, method=method, vectorize=vectorize,
+                              return_stderr=return_stderr)
+    kl_value = model_kl(model, kl_samples, seed=mix_seed(seed, 1 << 20), method=kl_method,
+                        return_stderr=return_stderr)
+    if not return_stderr:
+        return ELBOTerms(data - kl_weight * kl_value / dataset_size, data, kl_value)
+    (data, data_se, _), (kl_value, kl_se) = data, kl_value
+    elbo_se = (data_se ** 2 + (kl_weight * kl_se / dataset_size) ** 2).sqrt()
+    return ELBOTerms(data - kl_weight * kl_value / dataset_size, data, kl_value, data_se, kl_se.detach(),
+                     elbo_se.detach())
 
 
 def elbo(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_samples: int, dataset_size: int,
