@@ -14,6 +14,7 @@ from .estimators import chunked_value, collapsed_value, direct_value, fused_valu
 from .estimators.sampling import default_chunk, samples, stream_for
 from .families import GenericForm, distribution_parameters, family_of
 from .integrands import floating, trace
+from .distributed import sharded
 from .noise import resolve_seed
 from .tuples import Plan, Tier, classify
 
@@ -83,7 +84,8 @@ def explain(fn: Callable, dist: Distribution, *, method: str = "auto", taylor_or
     return plan_for(fn, dist, method=method, taylor_order=taylor_order)
 
 
-def evaluate(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size: int | None) -> torch.Tensor:
+def evaluate(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size: int | None,
+             shard=None) -> torch.Tensor:
     """Run a plan: the sum over pieces of chain(Σ term values). ``chunk_size=None``: each tier's default.
 
     The result has the trace's dtype (:attr:`~mcgraph.integrands.TraceResult.dtype`); an integer
@@ -93,13 +95,14 @@ def evaluate(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size: 
     traced = plan.trace
     if traced.discrete:
         fn = floating(fn, traced.dtype)
-    out = _run_tiers(plan, fn, seed, num_samples, chunk_size)
+    out = _run_tiers(plan, fn, seed, num_samples, chunk_size, shard)
     if traced.dtype is not None and out.dtype != traced.dtype:
         out = out.to(traced.dtype)
     return out.detach() if traced.discrete else out
 
 
-def _run_tiers(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size: int | None) -> torch.Tensor:
+def _run_tiers(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size: int | None,
+               shard=None) -> torch.Tensor:
     form, traced = plan.form, plan.trace
 
     def chunk(tier: str) -> int:
@@ -110,21 +113,25 @@ def _run_tiers(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size
     whole = plan.whole
     if whole is not None:
         if whole.tier == Tier.DIRECT:
+            if shard is not None:
+                raise ValueError("method='direct' (the naive graph, for comparisons) does not split samples "
+                                 "across processes: use process_group=None or another method")
             return direct_value(form, fn, seed, num_samples)
-        return chunked_value(form, fn, seed, num_samples, chunk("chunked"))
+        return chunked_value(form, fn, seed, num_samples, chunk("chunked"), shard)
 
     stats = {}
     collapsed = [t for t in plan.terms if t.tier == Tier.COLLAPSED]
     if collapsed:
         keys = set().union(*(t.stat_keys for t in collapsed))
-        stats = statistics(form, keys, seed, num_samples, chunk("collapsed"), any(t.exact for t in collapsed))
+        stats = statistics(form, keys, seed, num_samples, chunk("collapsed"), any(t.exact for t in collapsed),
+                           shard)
     piece_values: dict[int, torch.Tensor] = {}
     for term in plan.terms:
         if term.tier == Tier.COLLAPSED:
             v = collapsed_value(form, term, stats)
         else:
             shape = _node_shape(form, term.node)
-            v = fused_value(form, term.node, shape, seed, num_samples, chunk("fused"))
+            v = fused_value(form, term.node, shape, seed, num_samples, chunk("fused"), shard)
         piece_values[term.piece] = v if term.piece not in piece_values else piece_values[term.piece] + v
     out = None
     for i, piece in enumerate(traced.expr.pieces):
@@ -142,7 +149,7 @@ def _node_shape(form, node) -> torch.Size:
 
 def expectation(fn: Callable, dist: Distribution, num_samples: int, *, seed: int | None = None,
                 method: str = "auto", chunk_size: int | None = None,
-                taylor_order: int | None = None) -> torch.Tensor:
+                taylor_order: int | None = None, process_group=None) -> torch.Tensor:
     """Monte Carlo estimate of ``E_{w~dist}[fn(w)]`` whose graph does not grow with M.
 
     .. math::
@@ -166,6 +173,11 @@ def expectation(fn: Callable, dist: Distribution, num_samples: int, *, seed: int
         chunk_size: samples per chunk (memory O(chunk_size · P)); default: one noise block for
             the statistics, about 2^20 elements for the fused and chunked tiers.
         taylor_order: opt-in Taylor approximation of non-collapsible terms (paper §4.1).
+        process_group: ``None`` (one process) or a ``torch.distributed`` process group whose
+            ranks split the M samples by index (:mod:`mcgraph.distributed`): every rank calls
+            with the same arguments, evaluates its share, and gets the full M-sample value and
+            gradients, equal to the one-process result for the same seed up to float rounding
+            (one all-reduce per tier). ``seed=None`` draws one seed common to all ranks.
 
     Returns:
         A tensor of ``fn``'s output shape, differentiable w.r.t. every tensor ``dist``
@@ -193,14 +205,15 @@ def expectation(fn: Callable, dist: Distribution, num_samples: int, *, seed: int
         >>> p.dtype, bool(((p - 0.5).abs() < 0.05).all()), p.requires_grad
         (torch.float32, True, False)
     """
-    num_samples = _check_num_samples(num_samples)
-    form = family_of(dist)
-    _check_finite(dist, "dist")
-    seed = resolve_seed(seed)
-    chunk = _check_chunk(chunk_size)
-    traced = trace(fn, _example(form, seed))
-    plan = classify(form, traced, method, taylor_order)
-    return evaluate(plan, fn, seed, num_samples, chunk)
+    with sharded(process_group, seed, num_samples) as (shard, seed):
+        num_samples = _check_num_samples(num_samples)
+        form = family_of(dist)
+        _check_finite(dist, "dist")
+        seed = resolve_seed(seed)
+        chunk = _check_chunk(chunk_size)
+        traced = trace(fn, _example(form, seed))
+        plan = classify(form, traced, method, taylor_order)
+        return evaluate(plan, fn, seed, num_samples, chunk, shard)
 
 
 @contextlib.contextmanager
@@ -227,7 +240,7 @@ def _sum_rightmost(x: torch.Tensor, n: int) -> torch.Tensor:
 
 def kl_divergence(q: Distribution, p: Distribution, num_samples: int, *, seed: int | None = None,
                   method: str = "auto", chunk_size: int | None = None,
-                  taylor_order: int | None = None) -> torch.Tensor:
+                  taylor_order: int | None = None, process_group=None) -> torch.Tensor:
     """Monte Carlo estimate of KL(q ‖ p) with torch's shape semantics (``q.batch_shape``).
 
     .. math::
@@ -243,7 +256,7 @@ def kl_divergence(q: Distribution, p: Distribution, num_samples: int, *, seed: i
     Args:
         q: the approximate posterior (registered family or ``rsample``).
         p: the prior, any distribution with ``log_prob`` whose shape broadcasts with q's samples.
-        num_samples, seed, method, chunk_size, taylor_order: as in :func:`expectation`.
+        num_samples, seed, method, chunk_size, taylor_order, process_group: as in :func:`expectation`.
 
     Returns:
         Tensor of shape ``q.batch_shape`` (broadcast with p's batch shape).
@@ -255,6 +268,11 @@ def kl_divergence(q: Distribution, p: Distribution, num_samples: int, *, seed: i
         >>> mg.kl_divergence(q, p, num_samples=1000, seed=0).shape
         torch.Size([3])
     """
+    with sharded(process_group, seed, num_samples) as (shard, seed):
+        return _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, shard)
+
+
+def _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, shard) -> torch.Tensor:
     if not isinstance(q, Distribution):
         raise TypeError(f"q must be a torch.distributions.Distribution, got {type(q).__name__}")
     if not isinstance(p, Distribution):
@@ -278,15 +296,15 @@ def kl_divergence(q: Distribution, p: Distribution, num_samples: int, *, seed: i
 
     with _no_validation(p):
         cross = None
-        if method in ("auto", "fused") and taylor_order is None:  # a registered Triton integrand, if any
+        if method in ("auto", "fused") and taylor_order is None and shard is None:  # a Triton integrand, if any
             cross = backend.log_prob_expectation(q, p, num_samples, seed, sum_rightmost=extra)
         if cross is None:
             cross = expectation(log_p, q, num_samples, seed=seed, method=method, chunk_size=chunk_size,
-                                taylor_order=taylor_order)
+                                taylor_order=taylor_order, process_group=shard)
         try:
             neg_entropy = -q.entropy()
         except NotImplementedError:
             neg_entropy = expectation(q.log_prob, q, num_samples, seed=seed, method="auto"
                                       if method in ("collapsed", "collapsed-exact", "fused") else method,
-                                      chunk_size=chunk_size)
+                                      chunk_size=chunk_size, process_group=shard)
     return neg_entropy - cross

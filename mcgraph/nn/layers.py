@@ -236,7 +236,8 @@ class BayesLayer(nn.Module):
     def is_bayesian_bias(self) -> bool:
         return self.bias_mu is not None
 
-    def kl(self, num_samples: int | None = None, *, seed: int | None = None, method: str = "auto") -> torch.Tensor:
+    def kl(self, num_samples: int | None = None, *, seed: int | None = None, method: str = "auto",
+           process_group=None) -> torch.Tensor:
         """KL(q ‖ p) of this layer's weight (and Bayesian bias), summed: a 0-d tensor.
 
         .. math::
@@ -249,6 +250,8 @@ class BayesLayer(nn.Module):
             num_samples: M (default: ``self.kl_samples``).
             seed: noise seed (``None``: drawn from the global generator).
             method: the engine's method (``"auto"``, ``"collapsed-exact"``, ``"direct"``, …).
+            process_group: split the samples across a ``torch.distributed`` group
+                (see :func:`mcgraph.expectation`).
 
         Example:
             >>> import torch, mcgraph as mg
@@ -258,10 +261,11 @@ class BayesLayer(nn.Module):
         """
         m = self.kl_samples if num_samples is None else _check_positive_int("num_samples", num_samples)
         seed = resolve_seed(seed)
-        value = kl_divergence(self.posterior(), self.prior, m, seed=seed, method=method).sum()
+        value = kl_divergence(self.posterior(), self.prior, m, seed=seed, method=method,
+                              process_group=process_group).sum()
         if self.bias_mu is not None:
             value = value + kl_divergence(self.bias_posterior(), self.bias_prior, m, seed=mix_seed(seed, 1),
-                                          method=method).sum()
+                                          method=method, process_group=process_group).sum()
         return value
 
     # ------------------------------------------------------------------ forward
