@@ -8,7 +8,12 @@ without a group. Spawning costs seconds per process, so the checks are grouped i
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -117,3 +122,42 @@ def test_every_tier_many_sizes(world, tmp_path):
     ref = cases.engine_cases(None)
     for r, res in enumerate(results):
         assert_same(res["engine"], ref, f"R={world} rank {r}")
+
+
+def _train_args(out, epochs, extra=()):
+    return ["train", "--model", "mlp", "--hidden", "16", "--dataset", "digits", "--epochs", str(epochs),
+            "--batch-size", "64", "--limit-train", "192", "--limit-test", "64", "--kl-samples", "7",
+            "--train-samples", "3", "--eval-samples", "5", "--periodic-eval-samples", "3", "--no-progress",
+            "--threads", "1", "--out", str(out), *extra]
+
+
+def _torchrun(nproc: int, argv: list, timeout: float = 120.0) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(mg.__file__).parents[1]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "mcgraph", *argv]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_train_cli_under_torchrun_matches_one_process_and_resumes(tmp_path):
+    """`torchrun --nproc-per-node 2 python -m mcgraph train`: MC samples split over the 2 ranks (same
+    parameters as one process), one checkpoint written by rank 0; a resume with the batch split over
+    the ranks (--data-parallel 2) continues from it."""
+    from mcgraph.__main__ import main
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(_train_args(one, 2)) == 0
+    done = _torchrun(2, _train_args(two, 2))
+    assert done.stderr.count("epoch 2:") == 1  # rank 0 alone logs
+    a = torch.load(one / "checkpoint.pt", weights_only=False)
+    b = torch.load(two / "checkpoint.pt", weights_only=False)
+    assert a["step"] == b["step"] == 6
+    for key, value in a["model"].items():
+        torch.testing.assert_close(b["model"][key], value, rtol=2e-4, atol=1e-6)
+    summary = json.loads((two / "summary.json").read_text())
+    assert summary["processes"] == 2 and [r["epoch"] for r in summary["history"]] == [1, 2]
+    _torchrun(2, _train_args(two, 3, ["--resume", str(two / "checkpoint.pt"), "--data-parallel", "2"]))
+    summary = json.loads((two / "summary.json").read_text())
+    assert summary["steps"] == 9 and [r["epoch"] for r in summary["history"]] == [1, 2, 3]
+    assert torch.load(two / "checkpoint.pt", weights_only=False)["epoch"] == 3
