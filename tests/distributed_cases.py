@@ -148,6 +148,38 @@ def ddp_case(group, steps: int = 3) -> dict:
     return {"ddp/params": torch.cat([p.detach().reshape(-1) for p in net.parameters()])}
 
 
+def optim_cases(group, steps: int = 3) -> dict:
+    """VOGN and adaptive VB: K = 3 samples split over the ranks, or the batch split over them."""
+    from mcgraph.optim import VOGN, AdaptiveVB
+
+    world = 1 if group is None else dist.get_world_size(group)
+    rank = 0 if group is None else dist.get_rank(group)
+    out = {}
+    g = torch.Generator().manual_seed(7)
+    x, y = torch.randn(12, 5, generator=g, dtype=torch.float64), torch.randint(0, 3, (12,), generator=g)
+    for cls in (VOGN, AdaptiveVB):
+        for parallel in ("samples", "data"):
+            torch.manual_seed(8)
+            model = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3)).double()
+            opt = cls(model, 100, lr=0.05, num_mc_samples=3, seed=9,
+                      process_group=group, parallel=parallel)
+            xs, ys = (x, y) if parallel == "samples" or group is None else (x[rank::world], y[rank::world])
+
+            def closure():
+                opt.zero_grad()
+                loss = torch.nn.functional.cross_entropy(model(xs), ys)
+                loss.backward()
+                return loss
+
+            for _ in range(steps):
+                opt.step(closure)
+            key = f"optim/{cls.__name__}/{parallel}/float64"
+            out[key] = torch.cat([p.detach().reshape(-1) for p in model.parameters()]
+                                 + [t.reshape(-1) for st in opt.state.values() for t in st.values()
+                                    if isinstance(t, torch.Tensor) and t.is_floating_point()])
+    return out
+
+
 def fault_cases(group) -> dict:
     """Failures on one rank, and disagreements, raise on every rank; the group stays usable."""
     rank = dist.get_rank(group)
@@ -203,7 +235,9 @@ def fault_cases(group) -> dict:
     return out
 
 
-CASES = {"engine": engine_cases, "nn": nn_cases, "train": train_case, "ddp": ddp_case, "fault": fault_cases}
+CASES = {"engine": engine_cases, "nn": nn_cases, "train": train_case, "ddp": ddp_case, "fault": fault_cases,
+         "optim": optim_cases,
+         "engine-many": lambda group: engine_cases(group, sizes=(1, 2, 3, 4, 5, 6, 7, 64, 257, 1000))}
 
 
 def worker(rank: int, world: int, store: str, names: list, outdir: str) -> None:

@@ -76,12 +76,14 @@ def test_process_group_is_validated():
 @pytest.mark.parametrize("world", [2, 3])
 def test_every_tier_matches_one_process(world, tmp_path):
     """Every tier, float64 and float32, M in {1, 2, 7, 64} (M < R and M not divisible by R included),
-    mg.nn.kl / elbo / predict on a bayesified conv net: same value and gradients as one process."""
-    names = ["engine", "nn"] + (["train"] if world == 2 else [])
+    mg.nn.kl / elbo / predict on a bayesified conv net: same value and gradients as one process;
+    with 2 processes also a few training steps, and VOGN / adaptive VB with samples or data split."""
+    names = ["engine", "nn"] + (["train", "optim"] if world == 2 else [])
     results = spawn(world, names, tmp_path)
     ref = {"engine": cases.engine_cases(None), "nn": cases.nn_cases(None)}
     if world == 2:
         ref["train"] = cases.train_case(None)
+        ref["optim"] = cases.optim_cases(None)
     for r, res in enumerate(results):
         for name in names:
             assert_same(res[name], ref[name], f"R={world} rank {r}")
@@ -118,10 +120,11 @@ def test_faults_raise_on_every_rank_and_ddp_counts_the_kl_once(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_every_tier_many_sizes(world, tmp_path):
-    results = spawn(world, ["engine"], tmp_path, timeout=600)
-    ref = cases.engine_cases(None)
+    results = spawn(world, ["engine-many", "optim"], tmp_path, timeout=600)
+    ref = {"engine-many": cases.CASES["engine-many"](None), "optim": cases.optim_cases(None)}
     for r, res in enumerate(results):
-        assert_same(res["engine"], ref, f"R={world} rank {r}")
+        for name in ref:
+            assert_same(res[name], ref[name], f"R={world} rank {r}")
 
 
 def _train_args(out, epochs, extra=()):
