@@ -35,12 +35,36 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from typing import Callable, Iterator, Sequence
 
 import torch
 
 __all__ = ["SampleShard", "SampleParallelError", "shard_for", "owned_range", "window_chunks",
-           "check_process_group"]
+           "check_process_group", "comm_stats", "reset_comm_stats"]
+
+_COMM = {"status_calls": 0, "data_calls": 0, "data_bytes": 0, "seconds": 0.0}
+
+
+def comm_stats() -> dict:
+    """Collectives issued by this process since :func:`reset_comm_stats`: counts, bytes all-reduced
+    (data collectives) and wall seconds spent inside collectives (waiting for slower ranks included)."""
+    return dict(_COMM)
+
+
+def reset_comm_stats() -> None:
+    """Zero the counters of :func:`comm_stats`."""
+    _COMM.update(status_calls=0, data_calls=0, data_bytes=0, seconds=0.0)
+
+
+def _all_reduce(tensor: torch.Tensor, group, op=None, kind: str = "data") -> None:
+    dist = _dist()
+    t0 = time.perf_counter()
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op is None else op, group=group)
+    _COMM["seconds"] += time.perf_counter() - t0
+    _COMM[f"{kind}_calls"] += 1
+    if kind == "data":
+        _COMM["data_bytes"] += tensor.numel() * tensor.element_size()
 
 # Entries of the status vector (all-reduced with MAX): the failure flag, then each checked
 # quantity x as (x, -x) so that one MAX reduction gives both its maximum and its minimum.
@@ -77,11 +101,11 @@ def check_process_group(process_group, argname: str = "process_group"):
 def owned_range(num_samples: int, world: int, rank: int, block: int = 1) -> tuple[int, int]:
     """The samples ``[start, stop)`` that ``rank`` of ``world`` evaluates out of ``num_samples``.
 
-    Contiguous and disjoint ranges that cover ``[0, num_samples)``. When the stream has
-    many noise blocks of ``block`` samples (at least 8 per rank), whole blocks are dealt
-    out, so no block is drawn by two ranks; otherwise the samples themselves are split
-    evenly (ranks then draw the few blocks they share, each keeping its own rows). With
-    ``num_samples < world`` some ranks own no sample.
+    Contiguous and disjoint ranges that cover ``[0, num_samples)``. When the stream has at
+    least one noise block of ``block`` samples per rank, whole blocks are dealt out (the
+    counts differ by at most one), so no block is drawn by two ranks; otherwise the samples
+    themselves are split evenly (ranks then draw the blocks they share, each keeping its own
+    rows). With ``num_samples < world`` some ranks own no sample.
 
     Example:
         >>> [owned_range(10, 3, r) for r in range(3)]
@@ -90,7 +114,7 @@ def owned_range(num_samples: int, world: int, rank: int, block: int = 1) -> tupl
         [(0, 498), (498, 1000)]
     """
     blocks = math.ceil(num_samples / block)
-    if block > 1 and blocks >= 8 * world:
+    if block > 1 and blocks >= world:
         first, last = rank * blocks // world, (rank + 1) * blocks // world
         return min(first * block, num_samples), min(last * block, num_samples)
     return rank * num_samples // world, (rank + 1) * num_samples // world
@@ -131,8 +155,6 @@ class SampleShard:
         backend = str(dist.get_backend(group)).lower()
         self.device = (torch.device("cuda", torch.cuda.current_device()) if "nccl" in backend
                        else torch.device("cpu"))
-        self.status_calls = 0
-        self.data_calls = 0
 
     def __repr__(self) -> str:
         return f"SampleShard(rank={self.rank}, world={self.world}, seed={self.seed}, num_samples={self.num_samples})"
@@ -160,8 +182,7 @@ class SampleShard:
             # A failing rank must not look like a disagreement: it takes the extreme values out of the MAX.
             status[_NEG_HAS_SEED] = status[_NEG_SEED] = status[_NEG_M] = -(2 ** 62)
             status[_HAS_SEED] = status[_SEED] = status[_M] = -(2 ** 62)
-        self.status_calls += 1
-        _dist().all_reduce(status, op=_dist().ReduceOp.MAX, group=self.group)
+        _all_reduce(status, self.group, _dist().ReduceOp.MAX, "status")
         return status.cpu()
 
     def _raise_remote(self, own: BaseException | None):
@@ -212,8 +233,7 @@ class SampleShard:
         status[_HAS_SEED], status[_NEG_HAS_SEED] = int(given), -int(given)
         status[_SEED], status[_NEG_SEED] = self.seed, -self.seed
         status[_M], status[_NEG_M] = self.num_samples, -self.num_samples
-        self.status_calls += 1
-        _dist().all_reduce(status, op=_dist().ReduceOp.MAX, group=self.group)
+        _all_reduce(status, self.group, _dist().ReduceOp.MAX, "status")
         if int(status[_FAILED]):
             self._raise_remote(None)
         if int(status[_HAS_SEED]) != -int(status[_NEG_HAS_SEED]):
@@ -275,8 +295,7 @@ class SampleShard:
             presence = torch.tensor([0.0 if parts[i] is None else 1.0 for i in idx], dtype=dtype,
                                     device=self.device)
             buf = torch.cat(flat + [presence])
-            self.data_calls += 1
-            _dist().all_reduce(buf, group=self.group)
+            _all_reduce(buf, self.group)
             offset = 0
             for i in idx:
                 n = math.prod(specs[i][0])
