@@ -164,3 +164,19 @@ def test_train_cli_under_torchrun_matches_one_process_and_resumes(tmp_path):
     summary = json.loads((two / "summary.json").read_text())
     assert summary["steps"] == 9 and [r["epoch"] for r in summary["history"]] == [1, 2, 3]
     assert torch.load(two / "checkpoint.pt", weights_only=False)["epoch"] == 3
+
+
+@pytest.mark.slow
+def test_readme_ddp_example_runs_under_torchrun(tmp_path):
+    """The README's `ddp_bnn.py` runs as written under `torchrun --nproc-per-node 2` and learns."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    start = readme.index("```python\nimport torch, torch.distributed as dist, mcgraph as mg")
+    code = readme[start + len("```python\n"):readme.index("```", start + 10)]
+    script = tmp_path / "ddp_bnn.py"
+    script.write_text(code)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(mg.__file__).parents[1]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    accuracy = float(done.stdout.split("accuracy")[1])
+    assert accuracy > 0.5, done.stdout
