@@ -296,7 +296,7 @@ def _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, sh
 
     with _no_validation(p):
         cross = None
-        if method in ("auto", "fused") and taylor_order is None and shard is None:  # a Triton integrand, if any
+        if method in ("auto", "fused") and taylor_order is None and shard is None:  # a Triton integrand?
             cross = backend.log_prob_expectation(q, p, num_samples, seed, sum_rightmost=extra)
         if cross is None:
             cross = expectation(log_p, q, num_samples, seed=seed, method=method, chunk_size=chunk_size,

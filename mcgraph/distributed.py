@@ -157,7 +157,8 @@ class SampleShard:
                        else torch.device("cpu"))
 
     def __repr__(self) -> str:
-        return f"SampleShard(rank={self.rank}, world={self.world}, seed={self.seed}, num_samples={self.num_samples})"
+        return (f"SampleShard(rank={self.rank}, world={self.world}, seed={self.seed}, "
+                f"num_samples={self.num_samples})")
 
     # ------------------------------------------------------------------ ownership
 
@@ -201,22 +202,26 @@ class SampleShard:
             f"rank {self.rank} of {self.world}: the Monte Carlo computation failed on "
             f"{'rank' if len(failed) == 1 else 'ranks'} {', '.join(str(r) for r, _ in failed)} ({text})"))
 
-    def _check(self, status: torch.Tensor) -> None:
+    def _check(self, status: torch.Tensor, seed: bool = True) -> None:
+        """Raise on every rank if a rank failed or the ranks disagree on the seed (if ``seed``) or M."""
         if int(status[_FAILED]):
             self._raise_remote(None)
         if self.seed is None:
             return
-        if int(status[_HAS_SEED]) != -int(status[_NEG_HAS_SEED]):
+
+        def spread(slot: int, neg: int) -> tuple[int, int]:
+            return -int(status[neg]), int(status[slot])
+
+        lo, hi = spread(_HAS_SEED, _NEG_HAS_SEED)
+        if lo != hi:
             raise _mark(SampleParallelError("process_group: some ranks passed seed=None and others a seed; "
                                             "pass the same seed on every rank (or None on all of them)"))
-        lo, hi = -int(status[_NEG_SEED]), int(status[_SEED])
-        if lo != hi:
-            raise _mark(SampleParallelError(f"seed differs across the ranks of the process group (from {lo} to "
-                                            f"{hi}); every rank must pass the same seed to split one estimate"))
-        lo, hi = -int(status[_NEG_M]), int(status[_M])
-        if lo != hi:
-            raise _mark(SampleParallelError(f"num_samples differs across the ranks of the process group (from {lo} "
-                                            f"to {hi}); every rank must pass the same num_samples"))
+        for name, slot, neg, check in (("seed", _SEED, _NEG_SEED, seed), ("num_samples", _M, _NEG_M, True)):
+            lo, hi = spread(slot, neg)
+            if check and lo != hi:
+                raise _mark(SampleParallelError(
+                    f"{name} differs across the ranks of the process group (from {lo} to {hi}); every rank "
+                    f"must pass the same {name} to split one estimate"))
 
     def agree(self, seed: int | None, num_samples: int) -> int:
         """Check ``num_samples`` (and ``seed``) across ranks; returns the common seed.
@@ -234,23 +239,11 @@ class SampleShard:
         status[_SEED], status[_NEG_SEED] = self.seed, -self.seed
         status[_M], status[_NEG_M] = self.num_samples, -self.num_samples
         _all_reduce(status, self.group, _dist().ReduceOp.MAX, "status")
-        if int(status[_FAILED]):
-            self._raise_remote(None)
-        if int(status[_HAS_SEED]) != -int(status[_NEG_HAS_SEED]):
-            raise _mark(SampleParallelError("process_group: some ranks passed seed=None and others a seed; "
-                                            "pass the same seed on every rank (or None on all of them)"))
+        status = status.cpu()
+        self._check(status, seed=given)
         if not given:
             self.seed = int(status[_SEED])
-        else:
-            self._check(status)
-        self._check_m(status)
         return self.seed
-
-    def _check_m(self, status):
-        lo, hi = -int(status[_NEG_M]), int(status[_M])
-        if lo != hi:
-            raise _mark(SampleParallelError(f"num_samples differs across the ranks of the process group (from {lo} "
-                                            f"to {hi}); every rank must pass the same num_samples"))
 
     def sum(self, compute: Callable[[], Sequence[torch.Tensor | None]],
             like: Sequence[torch.Tensor | tuple]) -> list[torch.Tensor | None]:
@@ -276,7 +269,8 @@ class SampleShard:
             raise RuntimeError(f"internal: {len(parts)} partial sums for {len(like)} entries")
         status = self._status(failed=False)
         self._check(status)
-        specs = [(tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else (tuple(t[0]), t[1]) for t in like]
+        specs = [(tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else (tuple(t[0]), t[1])
+                 for t in like]
         devices = [t.device if isinstance(t, torch.Tensor) else (t[2] if len(t) > 2 else self.device)
                    for t in like]
         out: list[torch.Tensor | None] = [None] * len(parts)
@@ -338,7 +332,8 @@ def shard_for(process_group) -> SampleShard | None:
 
 
 @contextlib.contextmanager
-def sharded(process_group, seed: int | None, num_samples: int) -> Iterator[tuple[SampleShard | None, int | None]]:
+def sharded(process_group, seed: int | None,
+            num_samples: int) -> Iterator[tuple[SampleShard | None, int | None]]:
     """``with sharded(group, seed, M) as (shard, seed):`` a guarded call body with the agreed seed.
 
     ``shard`` is ``None`` without a group (``seed`` is then returned unchanged). A

@@ -55,7 +55,12 @@ class Ranks:
         return self.rank // (self.size // self.data_parallel)
 
     def shard(self, idx: torch.Tensor) -> torch.Tensor:
-        """This rank's rows ``d::D`` of a batch's indices."""
+        """This rank's rows ``d::D`` of a batch's indices.
+
+        Example:
+            >>> Ranks(size=4, rank=3, data_parallel=2).shard(torch.arange(8))  # shard d = 3 // 2 = 1
+            tensor([1, 3, 5, 7])
+        """
         return idx if self.data_parallel == 1 else idx[self.shard_index::self.data_parallel]
 
     def wrap(self, model: nn.Module) -> nn.Module:

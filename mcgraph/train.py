@@ -151,7 +151,7 @@ def _is_bayesian(model: nn.Module) -> bool:
 @torch.no_grad()
 def predict_probs(model: nn.Module, x: torch.Tensor, num_samples: int, batch_size: int, device,
                   process_group=None) -> torch.Tensor:
-    """Predictive probabilities of ``x`` (``num_samples`` weight samples; a softmax for a deterministic model).
+    """Predictive probabilities of ``x`` (``num_samples`` weight samples; softmax of a deterministic model).
 
     ``process_group``: the ranks (each holding all of ``x``) split the samples.
     """
@@ -290,7 +290,8 @@ def train(args) -> dict:
     warmup = max(1, int(round(args.warmup_epochs * batches)))
     schedule = mnn.kl_schedule(args.kl_schedule, num_batches=batches, warmup_steps=warmup, weight=args.kl_weight)
 
-    out = Path(args.out or ranks.broadcast_text(f"runs/{args.model}-{args.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"))
+    default_out = f"runs/{args.model}-{args.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = Path(args.out or ranks.broadcast_text(default_out))
     if ranks.is_main:
         out.mkdir(parents=True, exist_ok=True)
     ranks.barrier()

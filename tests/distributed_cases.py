@@ -60,12 +60,13 @@ def engine_cases(group, sizes=(1, 2, 7, 64), dtypes=(torch.float64, torch.float3
                                                  process_group=group),
             "chunked": lambda m, s: mg.expectation(lambda w: torch.logsumexp(w * c, -1), normal(), m, seed=s,
                                                    process_group=group),
-            "chunked-forced": lambda m, s: mg.expectation(lambda w: w ** 2, normal(), m, seed=s, method="chunked",
-                                                          chunk_size=3, process_group=group),
-            "kl-radial-normal": lambda m, s: mg.kl_divergence(radial(), torch.distributions.Normal(0.0, 1.0), m,
-                                                              seed=s, process_group=group),
+            "chunked-forced": lambda m, s: mg.expectation(
+                lambda w: w ** 2, normal(), m, seed=s, method="chunked", chunk_size=3, process_group=group),
+            "kl-radial-normal": lambda m, s: mg.kl_divergence(
+                radial(), torch.distributions.Normal(0.0, 1.0), m, seed=s, process_group=group),
             "kl-normal-scalemix": lambda m, s: mg.kl_divergence(
-                normal(), mg.distributions.ScaleMixtureNormal(0.5, 1.0, 0.01), m, seed=s, process_group=group),
+                normal(), mg.distributions.ScaleMixtureNormal(0.5, 1.0, 0.01), m, seed=s,
+                process_group=group),
             "kl-radial-entropy-mc": lambda m, s: mg.kl_divergence(
                 radial(), mg.distributions.ScaleMixtureNormal(0.5, 1.0, 0.01), m, seed=s, method="chunked",
                 chunk_size=2, process_group=group),
@@ -135,7 +136,8 @@ def ddp_case(group, steps: int = 3) -> dict:
     for step in range(steps):
         opt.zero_grad()
         if group is None:
-            data = sum(mg.nn.expected_data_term(net, x, y, num_samples=3, seed=200 + step) for x, y in batches)
+            data = sum(mg.nn.expected_data_term(net, x, y, num_samples=3, seed=200 + step)
+                       for x, y in batches)
             kl = mg.nn.kl(net, 5, seed=300 + step)
             loss = -(data / world) + kl / 100
         else:
@@ -160,7 +162,8 @@ def optim_cases(group, steps: int = 3) -> dict:
     for cls in (VOGN, AdaptiveVB):
         for parallel in ("samples", "data"):
             torch.manual_seed(8)
-            model = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3)).double()
+            model = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.Tanh(),
+                                        torch.nn.Linear(6, 3)).double()
             opt = cls(model, 100, lr=0.05, num_mc_samples=3, seed=9,
                       process_group=group, parallel=parallel)
             xs, ys = (x, y) if parallel == "samples" or group is None else (x[rank::world], y[rank::world])
@@ -224,10 +227,10 @@ def fault_cases(group) -> dict:
 
     attempt("integrand-backward", run_backward)
     attempt("seed", lambda: mg.expectation(lambda w: w.abs(), q, 8, seed=rank, process_group=group))
-    attempt("num_samples", lambda: mg.kl_divergence(q, torch.distributions.Laplace(0.0, 1.0), 8 + rank, seed=0,
-                                                    process_group=group))
-    attempt("bad-argument-one-rank", lambda: mg.expectation(lambda w: w ** 2, q, 8, seed=0,
-                                                            chunk_size=4 if rank == 0 else 0, process_group=group))
+    attempt("num_samples", lambda: mg.kl_divergence(q, torch.distributions.Laplace(0.0, 1.0), 8 + rank,
+                                                    seed=0, process_group=group))
+    attempt("bad-argument-one-rank", lambda: mg.expectation(
+        lambda w: w ** 2, q, 8, seed=0, chunk_size=4 if rank == 0 else 0, process_group=group))
     # After all of that the group still works and gives the right answer.
     v = mg.expectation(lambda w: w.abs(), q, 8, seed=0, process_group=group)
     out["after"] = v.detach()

@@ -106,7 +106,8 @@ def test_faults_raise_on_every_rank_and_ddp_counts_the_kl_once(tmp_path):
             assert ("ValueError: integrand failed" in text) if r == 1 else (
                 text.startswith("SampleParallelError") and "rank 1" in text), (key, text)
         assert f["seed"].startswith("SampleParallelError") and "seed differs" in f["seed"], f["seed"]
-        assert f["num_samples"].startswith("SampleParallelError") and "num_samples differs" in f["num_samples"]
+        text = f["num_samples"]
+        assert text.startswith("SampleParallelError") and "num_samples differs" in text, text
         bad = f["bad-argument-one-rank"]
         assert bad.startswith("ValueError: chunk_size must be") if r == 1 else (
             bad.startswith("SampleParallelError") and "rank 1" in bad), bad

@@ -118,8 +118,8 @@ class AdaptiveVB(GaussianVariationalOptimizer):
             "eps": non_negative_real("eps", eps),
         }
         super().__init__(model, dataset_size, defaults, num_mc_samples=num_mc_samples, seed=seed,
-                         loss_reduction=loss_reduction, batchnorm_prior=batchnorm_prior, spike_slab=spike_slab,
-                         process_group=process_group, parallel=parallel)
+                         loss_reduction=loss_reduction, batchnorm_prior=batchnorm_prior,
+                         spike_slab=spike_slab, process_group=process_group, parallel=parallel)
         if init_precision is not None:
             value = positive_real("init_precision", init_precision)
             for p, _ in self._flat():

@@ -141,8 +141,8 @@ class VOGN(GaussianVariationalOptimizer):
             "variant": variant.value,
         }
         super().__init__(model, dataset_size, defaults, num_mc_samples=num_mc_samples, seed=seed,
-                         loss_reduction=loss_reduction, batchnorm_prior=batchnorm_prior, spike_slab=spike_slab,
-                         process_group=process_group, parallel=parallel)
+                         loss_reduction=loss_reduction, batchnorm_prior=batchnorm_prior,
+                         spike_slab=spike_slab, process_group=process_group, parallel=parallel)
         if init_precision is not None:
             for p, _ in self._flat():
                 self.state[p]["precision"] = torch.full_like(p, float(init_precision))
