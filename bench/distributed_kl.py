@@ -7,7 +7,8 @@ a temporary directory; loopback only), build the same bayesified ResNet-18 (Radi
 Normal(0, 1) prior), and time ``mg.nn.kl(net, M, seed, process_group=group)`` forward +
 backward (``--repeats`` timed runs after ``--warmup`` untimed ones). Each process reports
 
-* ``time_s``: the median wall time of a call (forward + backward);
+* ``time_s``: the median wall time of a call (forward + backward), and ``cpu_s`` the CPU time this
+  process spent in it (on a machine shared with other work, the per-rank compute);
 * ``comm_s``: the seconds spent inside collectives during that call (waiting for a slower rank
   included) and ``comm_bytes``: the bytes all-reduced;
 * ``allreduce_s``: an isolated all-reduce of the same number of bytes after a barrier: the
@@ -60,21 +61,22 @@ def worker(rank: int, world: int, store: str, args: dict, outdir: str) -> None:
         group = dist.group.WORLD
     net = build(args["model"])
     params = [p for p in net.parameters() if p.requires_grad]
-    times, comms, nbytes, value = [], [], 0, None
+    times, cpus, comms, nbytes, value = [], [], [], 0, None
     for i in range(args["repeats"] + args["warmup"]):
         for p in params:
             p.grad = None
         if group is not None:
             dist.barrier()
         reset_comm_stats()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         kl = mg.nn.kl(net, args["num_samples"], seed=i, process_group=group)
         kl.backward()
-        elapsed = time.perf_counter() - t0
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
         stats = comm_stats()
         value = float(kl.detach())
         if i >= args["warmup"]:
             times.append(elapsed)
+            cpus.append(cpu)
             comms.append(stats["seconds"])
             nbytes = stats["data_bytes"]
     allreduce = 0.0
@@ -87,6 +89,7 @@ def worker(rank: int, world: int, store: str, args: dict, outdir: str) -> None:
     row = {"bench": "distributed_kl", "model": args["model"], "posterior": "radial", "prior": "normal",
            "M": args["num_samples"], "processes": world, "rank": rank, "threads": args["threads"],
            "P": sum(p.numel() for p in params) // 2, "time_s": statistics.median(times), "times_s": times,
+           "cpu_s": statistics.median(cpus),
            "comm_s": statistics.median(comms), "comm_bytes": nbytes, "allreduce_s": allreduce,
            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "kl_last": value,
            "torch": torch.__version__, "device": "cpu", "cpus": os.cpu_count()}
@@ -136,12 +139,13 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "distributed_kl.json").write_text(json.dumps(rows, indent=1))
     base = next((r for r in rows if r["processes"] == 1), None)
-    print(f"| R | rank | time (s) | speed-up | comm in call (s) | isolated all-reduce (s) | MB reduced | "
-          f"peak RSS (MB) | KL |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(f"| R | rank | time (s) | speed-up | CPU (s) | comm in call (s) | isolated all-reduce (s) | "
+          f"MB reduced | peak RSS (MB) | KL |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         speed = f"{base['time_s'] / r['time_s']:.2f}x" if base else "-"
-        print(f"| {r['processes']} | {r['rank']} | {r['time_s']:.2f} | {speed} | {r['comm_s']:.3f} | "
+        cpu = r.get("cpu_s", float("nan"))
+        print(f"| {r['processes']} | {r['rank']} | {r['time_s']:.2f} | {speed} | {cpu:.2f} | {r['comm_s']:.3f} | "
               f"{r['allreduce_s']:.3f} | {r['comm_bytes'] / 2**20:.1f} | {r['peak_rss_mb']:.0f} | "
               f"{r['kl_last']:.6g} |")
     if base:

@@ -104,6 +104,26 @@ def nn_cases(group, sizes=(1, 5)) -> dict:
                            process_group=group)
         out[f"nn.elbo/float32/M={m}"] = _flat(loss, _grads(loss, params))
         out[f"nn.predict/float32/M={m}"] = mg.nn.predict(net, x, m, chunk_size=2, seed=5, process_group=group)
+    out.update(interop_cases(group))
+    return out
+
+
+def interop_cases(group, sizes=(2, 7)) -> dict:
+    """mg.interop.kl of a torchbnn model, the Monte Carlo tier forced (empty without torchbnn)."""
+    try:
+        import torchbnn
+    except ImportError:
+        return {}
+    import mcgraph.interop as interop
+
+    out = {}
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torchbnn.BayesLinear(0.0, 0.1, 5, 4), torch.nn.ReLU(),
+                                torchbnn.BayesLinear(0.0, 0.1, 4, 3)).double()
+    params = list(model.parameters())
+    for m in sizes:
+        kl = interop.kl(model, m, seed=6, method="fused", process_group=group)
+        out[f"interop.kl/float64/M={m}"] = _flat(kl, _grads(kl, params))
     return out
 
 
