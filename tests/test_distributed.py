@@ -78,23 +78,25 @@ def test_every_tier_matches_one_process(world, tmp_path):
     """Every tier, float64 and float32, M in {1, 2, 7, 64} (M < R and M not divisible by R included),
     mg.nn.kl / elbo / predict on a bayesified conv net: same value and gradients as one process;
     with 2 processes also a few training steps, and VOGN / adaptive VB with samples or data split."""
-    names = ["engine", "nn"] + (["train", "optim"] if world == 2 else [])
-    results = spawn(world, names, tmp_path)
+    names = ["engine", "nn"] + (["train", "optim", "ddp", "fault"] if world == 2 else [])
+    results = spawn(world, names, tmp_path)  # one spawned run for all of them: processes cost seconds
     ref = {"engine": cases.engine_cases(None), "nn": cases.nn_cases(None)}
     if world == 2:
         ref["train"] = cases.train_case(None)
         ref["optim"] = cases.optim_cases(None)
     for r, res in enumerate(results):
-        for name in names:
+        for name in ref:
             assert_same(res[name], ref[name], f"R={world} rank {r}")
-    # the training run moved the parameters (the comparison is not between two untouched nets)
     if world == 2:
+        # the training run moved the parameters (the comparison is not between two untouched nets)
         start = torch.cat([p.detach().reshape(-1) for p in cases.conv_net().parameters()])
         assert not torch.allclose(ref["train"]["train/float32/params"], start)
+        check_faults_and_ddp(results)
 
 
-def test_faults_raise_on_every_rank_and_ddp_counts_the_kl_once(tmp_path):
-    results = spawn(2, ["fault", "ddp"], tmp_path)
+def check_faults_and_ddp(results):
+    """Failures on one rank raise on every rank; disagreements are reported; under DDP (each rank its
+    own batch, KL samples split over the same ranks) the KL is counted once."""
     for r, res in enumerate(results):
         f = res["fault"]
         # the failing rank re-raises its own error; the other names it
@@ -145,15 +147,18 @@ def _torchrun(nproc: int, argv: list, timeout: float = 120.0) -> subprocess.Comp
 
 
 def test_train_cli_under_torchrun_matches_one_process_and_resumes(tmp_path):
-    """`torchrun --nproc-per-node 2 python -m mcgraph train`: MC samples split over the 2 ranks (same
-    parameters as one process), one checkpoint written by rank 0; a resume with the batch split over
-    the ranks (--data-parallel 2) continues from it."""
+    """`torchrun --nproc-per-node 2 python -m mcgraph train`: MC samples split over the 2 ranks, one
+    checkpoint written by rank 0; resumed for a second epoch, the run ends with the parameters of the
+    2-epoch one-process run."""
     from mcgraph.__main__ import main
 
     one, two = tmp_path / "one", tmp_path / "two"
     assert main(_train_args(one, 2)) == 0
-    done = _torchrun(2, _train_args(two, 2))
-    assert done.stderr.count("epoch 2:") == 1  # rank 0 alone logs
+    done = _torchrun(2, _train_args(two, 1))
+    assert done.stderr.count("epoch 1:") == 1  # rank 0 alone logs
+    assert torch.load(two / "checkpoint.pt", weights_only=False)["step"] == 3
+    done = _torchrun(2, _train_args(two, 2, ["--resume", str(two / "checkpoint.pt")]))
+    assert done.stderr.count("resumed from") == 1
     a = torch.load(one / "checkpoint.pt", weights_only=False)
     b = torch.load(two / "checkpoint.pt", weights_only=False)
     assert a["step"] == b["step"] == 6
@@ -161,10 +166,19 @@ def test_train_cli_under_torchrun_matches_one_process_and_resumes(tmp_path):
         torch.testing.assert_close(b["model"][key], value, rtol=2e-4, atol=1e-6)
     summary = json.loads((two / "summary.json").read_text())
     assert summary["processes"] == 2 and [r["epoch"] for r in summary["history"]] == [1, 2]
-    _torchrun(2, _train_args(two, 3, ["--resume", str(two / "checkpoint.pt"), "--data-parallel", "2"]))
-    summary = json.loads((two / "summary.json").read_text())
-    assert summary["steps"] == 9 and [r["epoch"] for r in summary["history"]] == [1, 2, 3]
-    assert torch.load(two / "checkpoint.pt", weights_only=False)["epoch"] == 3
+
+
+@pytest.mark.slow
+def test_train_cli_data_parallel_under_torchrun(tmp_path):
+    """--data-parallel 2 on 2 ranks (each its half of every batch, DDP) and 1 x 2 on 4 ranks run,
+    write one checkpoint and resume."""
+    out = tmp_path / "dp"
+    _torchrun(2, _train_args(out, 1, ["--data-parallel", "2"]))
+    _torchrun(4, _train_args(out, 2, ["--resume", str(out / "checkpoint.pt"), "--data-parallel", "2"]),
+              timeout=300)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 6 and [r["epoch"] for r in summary["history"]] == [1, 2]
+    assert summary["processes"] == 4
 
 
 @pytest.mark.slow
