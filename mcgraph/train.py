@@ -32,6 +32,7 @@ import argparse
 import functools
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -271,6 +272,9 @@ def train(args) -> dict:
     import mcgraph.nn as mnn
 
     if getattr(args, "optimizer", None):
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise ValueError("--optimizer: the optimizer training path runs in one process; under torchrun use "
+                             "the ELBO training (no --optimizer), or mcgraph.optim's process_group= in Python")
         from .optim.training import train as train_with_optimizer
 
         return train_with_optimizer(args)
