@@ -251,6 +251,9 @@ def fault_cases(group) -> dict:
                                                     seed=0, process_group=group))
     attempt("bad-argument-one-rank", lambda: mg.expectation(
         lambda w: w ** 2, q, 8, seed=0, chunk_size=4 if rank == 0 else 0, process_group=group))
+    # seed=None on every rank, with different global RNG states: the ranks still agree on one seed
+    torch.manual_seed(1000 + rank)
+    out["seed-none"] = mg.expectation(lambda w: torch.logsumexp(w, -1), q, 8, process_group=group).detach()
     # After all of that the group still works and gives the right answer.
     v = mg.expectation(lambda w: w.abs(), q, 8, seed=0, process_group=group)
     out["after"] = v.detach()
