@@ -115,7 +115,8 @@ def check_faults_and_ddp(results):
             bad.startswith("SampleParallelError") and "rank 1" in bad), bad
         q = torch.distributions.Normal(torch.zeros(3), torch.ones(3))
         assert torch.allclose(f["after"], mg.expectation(lambda w: w.abs(), q, 8, seed=0), rtol=1e-6)
-    torch.testing.assert_close(results[0]["fault"]["seed-none"], results[1]["fault"]["seed-none"], rtol=0, atol=0)
+    shared = [res["fault"]["seed-none"] for res in results]
+    torch.testing.assert_close(shared[0], shared[1], rtol=0, atol=0)
     ref = cases.ddp_case(None)
     for r, res in enumerate(results):
         assert_same(res["ddp"], ref, f"DDP rank {r}", rtol=2e-4)
