@@ -155,7 +155,11 @@ def test_train_cli_under_torchrun_matches_one_process_and_resumes(tmp_path):
     from mcgraph.__main__ import main
 
     one, two = tmp_path / "one", tmp_path / "two"
-    assert main(_train_args(one, 2)) == 0
+    threads = torch.get_num_threads()
+    try:
+        assert main(_train_args(one, 2)) == 0
+    finally:
+        torch.set_num_threads(threads)  # --threads 1 must not slow the rest of the session
     done = _torchrun(2, _train_args(two, 1))
     assert done.stderr.count("epoch 1:") == 1  # rank 0 alone logs
     assert torch.load(two / "checkpoint.pt", weights_only=False)["step"] == 3
