@@ -263,7 +263,8 @@ def fault_cases(group) -> dict:
 
 CASES = {"engine": engine_cases, "nn": nn_cases, "train": train_case, "ddp": ddp_case, "fault": fault_cases,
          "optim": optim_cases,
-         "engine-many": lambda group: engine_cases(group, sizes=(1, 2, 3, 4, 5, 6, 7, 64, 257, 1000))}
+         "engine-many": lambda group: engine_cases(group, sizes=(1, 2, 3, 4, 5, 6, 7, 64, 257, 1000)),
+         "engine-small": lambda group: engine_cases(group, sizes=(1, 3, 7))}
 
 
 def worker(rank: int, world: int, store: str, names: list, outdir: str) -> None:
