@@ -15,6 +15,7 @@ from .estimators.analytic import analytic_statistics
 from .estimators.sampling import default_chunk, samples, stream_for
 from .families import GenericForm, distribution_parameters, family_of
 from .integrands import floating, trace
+from .distributed import sharded
 from .noise import resolve_seed
 from .stderr import MCEstimate, StderrCollector
 from .tuples import Plan, Tier, classify
@@ -86,7 +87,7 @@ def explain(fn: Callable, dist: Distribution, *, method: str = "auto", taylor_or
 
 
 def evaluate(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size: int | None,
-             return_stderr: bool = False):
+             return_stderr: bool = False, shard=None):
     """Run a plan: the sum over pieces of chain(Σ term values). ``chunk_size=None``: each tier's default.
 
     The result has the trace's dtype (:attr:`~mcgraph.integrands.TraceResult.dtype`); an integer
@@ -98,7 +99,7 @@ def evaluate(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size: 
     if traced.discrete:
         fn = floating(fn, traced.dtype)
     collector = StderrCollector(plan) if return_stderr else None
-    out = _run_tiers(plan, fn, seed, num_samples, chunk_size, collector)
+    out = _run_tiers(plan, fn, seed, num_samples, chunk_size, collector, shard)
     if traced.dtype is not None and out.dtype != traced.dtype:
         out = out.to(traced.dtype)
     out = out.detach() if traced.discrete else out
@@ -109,7 +110,7 @@ def evaluate(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size: 
 
 
 def _run_tiers(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size: int | None,
-               collector: StderrCollector | None = None) -> torch.Tensor:
+               collector: StderrCollector | None = None, shard=None) -> torch.Tensor:
     form, traced = plan.form, plan.trace
     sink = collector.sink_for if collector is not None else (lambda term: None)
 
@@ -121,8 +122,11 @@ def _run_tiers(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size
     whole = plan.whole
     if whole is not None:
         if whole.tier == Tier.DIRECT:
+            if shard is not None:
+                raise ValueError("method='direct' (the naive graph, for comparisons) does not split samples "
+                                 "across processes: use process_group=None or another method")
             return direct_value(form, fn, seed, num_samples)
-        return chunked_value(form, fn, seed, num_samples, chunk("chunked"), moments=sink(whole))
+        return chunked_value(form, fn, seed, num_samples, chunk("chunked"), shard, moments=sink(whole))
 
     stats = {}
     collapsed = [t for t in plan.terms if t.tier == Tier.COLLAPSED]
@@ -130,7 +134,8 @@ def _run_tiers(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size
         keys = set().union(*(t.stat_keys for t in collapsed))
         if collector is not None:
             keys |= collector.extra_keys()
-        stats = statistics(form, keys, seed, num_samples, chunk("collapsed"), any(t.exact for t in collapsed))
+        stats = statistics(form, keys, seed, num_samples, chunk("collapsed"), any(t.exact for t in collapsed),
+                           shard)
         if collector is not None:
             collector.stats = stats
     analytic = [t for t in plan.terms if t.tier == Tier.ANALYTIC]
@@ -143,7 +148,7 @@ def _run_tiers(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size
             v = collapsed_value(form, term, exact_stats)
         else:
             shape = _node_shape(form, term.node)
-            v = fused_value(form, term.node, shape, seed, num_samples, chunk("fused"), moments=sink(term))
+            v = fused_value(form, term.node, shape, seed, num_samples, chunk("fused"), shard, moments=sink(term))
         piece_values[term.piece] = v if term.piece not in piece_values else piece_values[term.piece] + v
     out = None
     for i, piece in enumerate(traced.expr.pieces):
@@ -159,7 +164,7 @@ def _node_shape(form, node) -> torch.Size:
     return torch.broadcast_shapes(form.shape, *shapes)
 
 
-def _check_stderr(return_stderr, num_samples: int, taylor_order) -> bool:
+def _check_stderr(return_stderr, num_samples: int, taylor_order, shard=None) -> bool:
     if not isinstance(return_stderr, bool):
         raise TypeError(f"return_stderr must be a bool, got {type(return_stderr).__name__}")
     if return_stderr and num_samples < 2:
@@ -168,12 +173,15 @@ def _check_stderr(return_stderr, num_samples: int, taylor_order) -> bool:
     if return_stderr and taylor_order is not None:
         raise ValueError("return_stderr=True with taylor_order: the Taylor approximation is biased, its "
                          "Monte Carlo error is not the error of the result; drop one of them")
+    if return_stderr and shard is not None:
+        raise ValueError("return_stderr=True with process_group: standard errors are computed by one process "
+                         "only; call with process_group=None to get them")
     return return_stderr
 
 
 def expectation(fn: Callable, dist: Distribution, num_samples: int, *, seed: int | None = None,
                 method: str = "auto", chunk_size: int | None = None,
-                taylor_order: int | None = None, return_stderr: bool = False):
+                taylor_order: int | None = None, return_stderr: bool = False, process_group=None):
     """Monte Carlo estimate of ``E_{w~dist}[fn(w)]`` whose graph does not grow with M.
 
     .. math::
@@ -204,7 +212,12 @@ def expectation(fn: Callable, dist: Distribution, num_samples: int, *, seed: int
         taylor_order: opt-in Taylor approximation of non-collapsible terms (paper §4.1).
         return_stderr: also return the standard error of the M-sample estimator, computed in
             the same pass (:mod:`mcgraph.stderr`; needs ``num_samples >= 2``, not with
-            ``taylor_order``).
+            ``taylor_order`` nor with ``process_group``).
+        process_group: ``None`` (one process) or a ``torch.distributed`` process group whose
+            ranks split the M samples by index (:mod:`mcgraph.distributed`): every rank calls
+            with the same arguments, evaluates its share, and gets the full M-sample value and
+            gradients, equal to the one-process result for the same seed up to float rounding
+            (one all-reduce per tier). ``seed=None`` draws one seed common to all ranks.
 
     Returns:
         With ``return_stderr``: an :class:`~mcgraph.stderr.MCEstimate` ``(value, stderr,
@@ -239,15 +252,16 @@ def expectation(fn: Callable, dist: Distribution, num_samples: int, *, seed: int
         >>> mg.expectation(lambda w: w ** 2, q, 1, method="analytic")   # exact: E[w²] = μ² + σ²
         tensor([1., 1., 1., 1.], grad_fn=<LocationScalePolynomialBackward>)
     """
-    num_samples = _check_num_samples(num_samples)
-    return_stderr = _check_stderr(return_stderr, num_samples, taylor_order)
-    form = family_of(dist)
-    _check_finite(dist, "dist")
-    seed = resolve_seed(seed)
-    chunk = _check_chunk(chunk_size)
-    traced = trace(fn, _example(form, seed))
-    plan = classify(form, traced, method, taylor_order)
-    return evaluate(plan, fn, seed, num_samples, chunk, return_stderr)
+    with sharded(process_group, seed, num_samples) as (shard, seed):
+        num_samples = _check_num_samples(num_samples)
+        return_stderr = _check_stderr(return_stderr, num_samples, taylor_order, shard)
+        form = family_of(dist)
+        _check_finite(dist, "dist")
+        seed = resolve_seed(seed)
+        chunk = _check_chunk(chunk_size)
+        traced = trace(fn, _example(form, seed))
+        plan = classify(form, traced, method, taylor_order)
+        return evaluate(plan, fn, seed, num_samples, chunk, return_stderr, shard)
 
 
 @contextlib.contextmanager
@@ -274,7 +288,7 @@ def _sum_rightmost(x: torch.Tensor, n: int) -> torch.Tensor:
 
 def kl_divergence(q: Distribution, p: Distribution, num_samples: int, *, seed: int | None = None,
                   method: str = "auto", chunk_size: int | None = None,
-                  taylor_order: int | None = None, return_stderr: bool = False):
+                  taylor_order: int | None = None, return_stderr: bool = False, process_group=None):
     """Monte Carlo estimate of KL(q ‖ p) with torch's shape semantics (``q.batch_shape``).
 
     .. math::
@@ -290,7 +304,7 @@ def kl_divergence(q: Distribution, p: Distribution, num_samples: int, *, seed: i
     Args:
         q: the approximate posterior (registered family or ``rsample``).
         p: the prior, any distribution with ``log_prob`` whose shape broadcasts with q's samples.
-        num_samples, seed, method, chunk_size, taylor_order: as in :func:`expectation`.
+        num_samples, seed, method, chunk_size, taylor_order, process_group: as in :func:`expectation`.
         return_stderr: also return the standard error of the estimate (an
             :class:`~mcgraph.stderr.MCEstimate`). When the entropy is estimated too (no closed
             form), it shares the noise with the cross term, and the standard error is that of the
@@ -306,6 +320,11 @@ def kl_divergence(q: Distribution, p: Distribution, num_samples: int, *, seed: i
         >>> mg.kl_divergence(q, p, num_samples=1000, seed=0).shape
         torch.Size([3])
     """
+    with sharded(process_group, seed, num_samples) as (shard, seed):
+        return _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, return_stderr, shard)
+
+
+def _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, return_stderr, shard):
     if not isinstance(q, Distribution):
         raise TypeError(f"q must be a torch.distributions.Distribution, got {type(q).__name__}")
     if not isinstance(p, Distribution):
@@ -323,19 +342,19 @@ def kl_divergence(q: Distribution, p: Distribution, num_samples: int, *, seed: i
                          f"{tuple(q.event_shape)}; the KL per q batch element is undefined")
     _check_finite(p, "p")
     seed = resolve_seed(seed)
-    return_stderr = _check_stderr(return_stderr, _check_num_samples(num_samples), taylor_order)
+    return_stderr = _check_stderr(return_stderr, _check_num_samples(num_samples), taylor_order, shard)
 
     def log_p(w):
         return _sum_rightmost(p.log_prob(w), extra)
 
     with _no_validation(p):
         cross = cross_se = neg_entropy_se = None
-        if method in ("auto", "fused") and taylor_order is None and not return_stderr:
+        if method in ("auto", "fused") and taylor_order is None and not return_stderr and shard is None:
             # a registered Triton integrand, if any
             cross = backend.log_prob_expectation(q, p, num_samples, seed, sum_rightmost=extra)
         if cross is None:
             cross = expectation(log_p, q, num_samples, seed=seed, method=method, chunk_size=chunk_size,
-                                taylor_order=taylor_order, return_stderr=return_stderr)
+                                taylor_order=taylor_order, return_stderr=return_stderr, process_group=shard)
             if return_stderr:
                 cross, cross_se, _ = cross
         try:
@@ -343,7 +362,7 @@ def kl_divergence(q: Distribution, p: Distribution, num_samples: int, *, seed: i
         except NotImplementedError:
             neg_entropy = expectation(q.log_prob, q, num_samples, seed=seed, method="auto"
                                       if method in ("collapsed", "collapsed-exact", "fused") else method,
-                                      chunk_size=chunk_size, return_stderr=return_stderr)
+                                      chunk_size=chunk_size, return_stderr=return_stderr, process_group=shard)
             if return_stderr:
                 neg_entropy, neg_entropy_se, _ = neg_entropy
         value = neg_entropy - cross

@@ -276,7 +276,8 @@ def radial_noise_law(event_ndims: int) -> NoiseLaw:
 
 
 def noise_statistics(stream: BlockStream, keys: tuple[tuple[int, int], ...], chunk_size: int,
-                     dtype: torch.dtype) -> dict[tuple[int, int], torch.Tensor]:
+                     dtype: torch.dtype, *, chunks=None, reduce=None,
+                     shape=None) -> dict[tuple[int, int], torch.Tensor]:
     """Per-element means t̄_{a,j} = mean_i ξ_i^a (log ξ_i)^j over the stream, without autograd.
 
     Row sums are taken as a matrix-vector product ``1ᵀ X`` (one BLAS pass over the
@@ -289,6 +290,11 @@ def noise_statistics(stream: BlockStream, keys: tuple[tuple[int, int], ...], chu
         keys: the ``(a, j)`` pairs needed (``a`` any integer, ``j ≥ 0``); ``(0, 0)`` is 1.
         chunk_size: samples per chunk (memory is O(chunk_size · P)).
         dtype: accumulation dtype.
+        chunks: ``(start, stop, rows)`` to sum over instead of ``stream.chunks(chunk_size)``
+            (one process's share of the samples, :mod:`mcgraph.distributed`).
+        reduce: ``reduce({key: flat sum}) -> {key: flat sum}`` applied to the sums before they are
+            divided by M (the all-reduce over processes).
+        shape: the noise shape (needed when ``chunks`` is empty).
 
     Returns:
         ``{(a, j): Tensor of shape noise_shape}``.
@@ -306,11 +312,10 @@ def noise_statistics(stream: BlockStream, keys: tuple[tuple[int, int], ...], chu
         else:  # acc += Xᵀ 1 in one BLAS pass
             sums[key].addmv_(rows2d.t(), ones[: rows2d.shape[0]])
 
-    shape = None
     ones = None
     # Under torch.autocast the BLAS row sums would run in half precision: statistics stay in ``dtype``.
     with torch.no_grad(), torch.autocast(stream.device.type, enabled=False):
-        for _, _, xi in stream.chunks(chunk_size):
+        for _, _, xi in (stream.chunks(chunk_size) if chunks is None else chunks):
             shape = xi.shape[1:]
             x = xi.to(dtype).reshape(xi.shape[0], -1)
             if ones is None or ones.shape[0] < x.shape[0]:
@@ -326,6 +331,8 @@ def noise_statistics(stream: BlockStream, keys: tuple[tuple[int, int], ...], chu
                         term = term * logx
                     if (a, j) in keys:
                         accumulate((a, j), term)
+    if reduce is not None:
+        sums = reduce(sums)
     return {k: (v / stream.num_samples).reshape(shape) for k, v in sums.items()}
 
 

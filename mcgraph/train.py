@@ -15,6 +15,15 @@ Output, under ``--out``: ``checkpoint.pt`` (model, optimizer, epoch; ``--resume`
 continues from it), ``metrics.jsonl`` (one row per evaluation), and the final
 ``summary.json`` and ``summary.md`` (accuracy, NLL, ECE, Brier on the test set from
 ``--eval-samples`` predictive samples, timings, configuration).
+
+**Many processes.** Under ``torchrun --nproc-per-node R python -m mcgraph train ...``
+the R ranks form ``--data-parallel D`` data groups of ``S = R / D`` ranks. The ranks of
+a sample group hold the same shard of each batch (batch rows ``d::D`` for data group
+``d``) and split the data term's ``--train-samples`` by index; every rank splits every
+layer's KL samples over all R ranks; ``DistributedDataParallel`` averages the gradients
+over the D data shards (the KL, whole on every rank, is counted once). With ``D = 1``
+the run follows the one-process run's parameters up to float rounding. Rank 0 alone
+writes checkpoints, metrics and the summary; ``--resume`` works on any number of ranks.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import argparse
 import functools
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -30,9 +40,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import metrics
+from . import launch, metrics
 from .data import DATASETS, load_dataset
 from .models import MODELS, get_model
+from .noise import mix_seed
 
 __all__ = ["main", "build_parser", "build_model", "mlp", "evaluate", "prediction_metrics", "load_splits", "train"]
 
@@ -98,7 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="output directory (default runs/<model>-<dataset>-<time>)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-stderr", action="store_true", help="do not log the Monte Carlo standard errors "
-                   "of the data term and the KL (measured on each epoch's first step)")
+                   "of the data term and the KL (measured on each epoch's first step; one process only)")
+    p.add_argument("--data-parallel", type=int, default=1,
+                   help="under torchrun: split each batch over this many groups of ranks (the rest of the "
+                        "ranks split the Monte Carlo samples); must divide the number of ranks")
     from .optim.training import add_arguments
 
     add_arguments(p)  # --optimizer vogn|adaptive-vb|adam and its options (absent: the ELBO training below)
@@ -138,8 +152,12 @@ def _is_bayesian(model: nn.Module) -> bool:
 
 
 @torch.no_grad()
-def predict_probs(model: nn.Module, x: torch.Tensor, num_samples: int, batch_size: int, device) -> torch.Tensor:
-    """Predictive probabilities of ``x`` (``num_samples`` weight samples; a softmax for a deterministic model)."""
+def predict_probs(model: nn.Module, x: torch.Tensor, num_samples: int, batch_size: int, device,
+                  process_group=None) -> torch.Tensor:
+    """Predictive probabilities of ``x`` (``num_samples`` weight samples; softmax of a deterministic model).
+
+    ``process_group``: the ranks (each holding all of ``x``) split the samples.
+    """
     import mcgraph.nn as mnn
 
     model.eval()
@@ -148,7 +166,7 @@ def predict_probs(model: nn.Module, x: torch.Tensor, num_samples: int, batch_siz
     for start in range(0, x.shape[0], batch_size):
         xb = x[start:start + batch_size].to(device)
         if bayes:
-            out.append(mnn.predict(model, xb, num_samples).cpu())
+            out.append(mnn.predict(model, xb, num_samples, process_group=process_group).cpu())
         else:
             out.append(torch.softmax(model(xb), -1).cpu())
     return torch.cat(out)
@@ -167,9 +185,9 @@ def prediction_metrics(probs: torch.Tensor, y: torch.Tensor) -> dict:
 
 
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_samples: int, batch_size: int,
-             device) -> dict:
+             device, process_group=None) -> dict:
     """Accuracy, NLL, ECE (15 bins), Brier score and mean predictive entropy on ``(x, y)``."""
-    probs = predict_probs(model, x, num_samples, batch_size, device)
+    probs = predict_probs(model, x, num_samples, batch_size, device, process_group)
     out = prediction_metrics(probs, y)
     out["num_samples"] = num_samples if _is_bayesian(model) else 1
     if _is_bayesian(model):
@@ -232,7 +250,7 @@ def load_splits(args):
     return ds, (x_train, y_train), (x_test, y_test), (x_eval, y_eval)
 
 
-def resume_log(args, out: Path, start_epoch: int, n_train: int):
+def resume_log(args, out: Path, start_epoch: int, n_train: int, write: bool = True):
     """``(shuffling generator, history rows, metrics.jsonl path)`` for a run starting at ``start_epoch``.
 
     The generator has drawn the shuffles of the epochs already done; after a resume the log
@@ -246,7 +264,8 @@ def resume_log(args, out: Path, start_epoch: int, n_train: int):
     if args.resume and log_path.is_file():  # keep the epochs already done
         rows = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
         history = [r for r in rows if r.get("epoch", 0) <= start_epoch]
-        log_path.write_text("".join(json.dumps(r) + "\n" for r in history))
+        if write:
+            log_path.write_text("".join(json.dumps(r) + "\n" for r in history))
     return gen, history, log_path
 
 
@@ -255,6 +274,9 @@ def train(args) -> dict:
     import mcgraph.nn as mnn
 
     if getattr(args, "optimizer", None):
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise ValueError("--optimizer: the optimizer training path runs in one process; under torchrun use "
+                             "the ELBO training (no --optimizer), or mcgraph.optim's process_group= in Python")
         from .optim.training import train as train_with_optimizer
 
         return train_with_optimizer(args)
@@ -262,55 +284,64 @@ def train(args) -> dict:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
+    ranks = launch.ranks_from_env(device, getattr(args, "data_parallel", 1))
     ds, (x_train, y_train), (x_test, y_test), (x_eval, y_eval) = load_splits(args)
 
     model = build_model(args, ds.input_shape, ds.num_classes).to(device)
     bayes = _is_bayesian(model)
+    trained = ranks.wrap(model)  # DistributedDataParallel over the data group, or the model itself
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     n_train = x_train.shape[0]
     batches = math.ceil(n_train / args.batch_size)
     warmup = max(1, int(round(args.warmup_epochs * batches)))
     schedule = mnn.kl_schedule(args.kl_schedule, num_batches=batches, warmup_steps=warmup, weight=args.kl_weight)
 
-    out = Path(args.out or f"runs/{args.model}-{args.dataset}-{time.strftime('%Y%m%d-%H%M%S')}")
-    out.mkdir(parents=True, exist_ok=True)
+    default_out = f"runs/{args.model}-{args.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = Path(args.out or ranks.broadcast_text(default_out))
+    if ranks.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+    ranks.barrier()
     start_epoch, step = 0, 0
     if args.resume:
         state = torch.load(args.resume, map_location=device, weights_only=False)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start_epoch, step = int(state["epoch"]), int(state["step"])
-        _log(f"resumed from {args.resume} at epoch {start_epoch}")
+        if ranks.is_main:
+            _log(f"resumed from {args.resume} at epoch {start_epoch}")
     n_params = sum(p.numel() for p in model.parameters())
-    _log(f"{'BNN' if bayes else 'deterministic'} {args.model} on {args.dataset}: {n_params:,} parameters, "
-         f"{n_train} training examples, {batches} batches/epoch -> {out}")
+    log = _log if ranks.is_main else (lambda msg: None)
+    log(f"{'BNN' if bayes else 'deterministic'} {args.model} on {args.dataset}: {n_params:,} parameters, "
+        f"{n_train} training examples, {batches} batches/epoch -> {out}" + ranks.describe())
 
-    gen, history, log_path = resume_log(args, out, start_epoch, n_train)
+    gen, history, log_path = resume_log(args, out, start_epoch, n_train, write=ranks.is_main)
     t_train = sum(r.get("time_s", 0.0) for r in history)
     for epoch in range(start_epoch, args.epochs):
         for group in optimizer.param_groups:
             group["lr"] = args.lr * args.lr_decay ** epoch
         model.train()
         perm = torch.randperm(n_train, generator=gen)
-        bar = _Progress(batches, f"epoch {epoch + 1}/{args.epochs}", not args.no_progress)
+        bar = _Progress(batches, f"epoch {epoch + 1}/{args.epochs}", not args.no_progress and ranks.is_main)
         t0 = time.perf_counter()
         sums = {"loss": 0.0, "nll": 0.0, "kl": 0.0, "correct": 0}
         for b in range(batches):
-            idx = perm[b * args.batch_size:(b + 1) * args.batch_size]
+            idx = ranks.shard(perm[b * args.batch_size:(b + 1) * args.batch_size])
             xb, yb = x_train[idx].to(device), y_train[idx].to(device)
             optimizer.zero_grad(set_to_none=True)
             if bayes:
-                probe = b == 0 and not args.no_stderr  # standard errors of the epoch's first step
-                terms = mnn.elbo_terms(model, xb, yb, num_samples=args.train_samples, dataset_size=n_train,
+                # standard errors of the epoch's first step (one process: they are not all-reduced)
+                probe = b == 0 and not args.no_stderr and ranks.world is None
+                terms = mnn.elbo_terms(trained, xb, yb, num_samples=args.train_samples, dataset_size=n_train,
                                        chunk_size=args.chunk_size, kl_weight=schedule(step),
-                                       kl_method=args.kl_method,
+                                       kl_method=args.kl_method, seed=mix_seed(args.seed + 1, step),
+                                       process_group=ranks.samples, kl_process_group=ranks.world,
                                        return_stderr=probe and args.train_samples > 1)
                 loss = -terms.elbo
                 nll_b, kl_b = -terms.log_likelihood.detach(), terms.kl.detach()
                 if probe:
                     stderr = _step_stderr(model, terms, args)
             else:
-                logits = model(xb)
+                logits = trained(xb)
                 loss = nn.functional.cross_entropy(logits, yb)
                 nll_b, kl_b = loss.detach(), torch.zeros(())
                 sums["correct"] += int((logits.argmax(-1) == yb).sum())
@@ -327,26 +358,29 @@ def train(args) -> dict:
         row = {"epoch": epoch + 1, "step": step, "time_s": t_epoch, "loss": sums["loss"] / batches,
                "train_nll": sums["nll"] / batches, "kl": sums["kl"] / batches,
                "lr": optimizer.param_groups[0]["lr"]}
-        if bayes and not args.no_stderr:
+        if bayes and not args.no_stderr and ranks.world is None:
             row.update(stderr)
             _log(f"epoch {epoch + 1} first step: " + ", ".join(f"{k} {v:.4g}" for k, v in stderr.items()))
         last = epoch + 1 == args.epochs
         if args.eval_every and ((epoch + 1) % args.eval_every == 0) and not last:
             split = "val" if ds.x_val is not None else "test"
-            ev = evaluate(model, x_eval, y_eval, args.periodic_eval_samples, args.eval_batch_size, device)
+            ev = evaluate(model, x_eval, y_eval, args.periodic_eval_samples, args.eval_batch_size, device,
+                          ranks.world)
             row.update({f"{split}_{k}": v for k, v in ev.items() if k not in ("examples", "num_samples")})
-            _log(f"epoch {epoch + 1}: loss {row['loss']:.4f}  kl {row['kl']:.4g}  {split} acc "
+            log(f"epoch {epoch + 1}: loss {row['loss']:.4f}  kl {row['kl']:.4g}  {split} acc "
                  f"{ev['accuracy']:.4f}  nll {ev['nll']:.4f}  ece {ev['ece']:.4f}  ({t_epoch:.1f} s)")
         else:
-            _log(f"epoch {epoch + 1}: loss {row['loss']:.4f}  kl {row['kl']:.4g}  ({t_epoch:.1f} s)")
+            log(f"epoch {epoch + 1}: loss {row['loss']:.4f}  kl {row['kl']:.4g}  ({t_epoch:.1f} s)")
         history.append(row)
-        with log_path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        if args.checkpoint_every and ((epoch + 1) % args.checkpoint_every == 0 or last):
+        if ranks.is_main:
+            with log_path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+        if args.checkpoint_every and ((epoch + 1) % args.checkpoint_every == 0 or last) and ranks.is_main:
             _checkpoint(out / "checkpoint.pt", model, optimizer, epoch + 1, step, args)
+        ranks.barrier()
 
     t0 = time.perf_counter()
-    test = evaluate(model, x_test, y_test, args.eval_samples, args.eval_batch_size, device)
+    test = evaluate(model, x_test, y_test, args.eval_samples, args.eval_batch_size, device, ranks.world)
     summary = {
         "model": args.model, "dataset": args.dataset, "bayesian": bayes,
         "posterior": None if args.deterministic else args.posterior,
@@ -356,11 +390,14 @@ def train(args) -> dict:
         "train_time_s": t_train, "eval_time_s": time.perf_counter() - t0,
         "test": test, "history": history, "config": vars(args), "out": str(out),
     }
-    if not args.checkpoint_every:
-        _checkpoint(out / "checkpoint.pt", model, optimizer, args.epochs, step, args)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    (out / "summary.md").write_text(_markdown(summary))
-    _log(f"test: accuracy {test['accuracy']:.4f}  NLL {test['nll']:.4f}  ECE {test['ece']:.4f}  "
+    summary["processes"] = ranks.size
+    if ranks.is_main:
+        if not args.checkpoint_every:
+            _checkpoint(out / "checkpoint.pt", model, optimizer, args.epochs, step, args)
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        (out / "summary.md").write_text(_markdown(summary))
+    ranks.barrier()
+    log(f"test: accuracy {test['accuracy']:.4f}  NLL {test['nll']:.4f}  ECE {test['ece']:.4f}  "
          f"Brier {test['brier']:.4f}  -> {out / 'summary.md'}")
     return summary
 
@@ -421,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("epochs", "batch_size", "kl_samples", "train_samples", "eval_samples", "periodic_eval_samples"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.data_parallel < 1:
+        parser.error(f"--data-parallel must be >= 1, got {args.data_parallel}")
     try:
         train(args)
     except ImportError as e:  # an optional dataset package is missing

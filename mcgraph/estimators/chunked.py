@@ -80,6 +80,12 @@ class ChunkedSpec:
     chunk_size: int
     n_params: int  # leading inputs that are the form's (loc, scale)
     moments: object = None  # a mcgraph.stderr.SampleMoments fed with the per-sample values (return_stderr)
+    shard: object = None  # a SampleShard: this process's samples only, sums all-reduced
+    out_like: tuple = ()  # (shape, dtype, device) of the output: a process without samples adds zeros
+
+
+def _window(spec: ChunkedSpec, stream) -> tuple[int, int]:
+    return (0, spec.num_samples) if spec.shard is None else spec.shard.stream_window(stream, spec.num_samples)
 
 
 class ChunkedMC(torch.autograd.Function):
@@ -92,14 +98,21 @@ class ChunkedMC(torch.autograd.Function):
         ctx.save_for_backward(*inputs)
         total = None
         stream = stream_for(spec.form, spec.seed, spec.num_samples)
+        start, stop = _window(spec, stream)
         with torch.no_grad():
-            for _, _, rows in stream.chunks(spec.chunk_size):
+            for a in range(start, stop, spec.chunk_size):
+                rows = stream.rows(a, min(a + spec.chunk_size, stop))
                 values = spec.fn(samples(spec.form, rows))
                 if spec.moments is not None:
                     spec.moments.add(values)
                 part = values.sum(0, dtype=accumulation_dtype(values.dtype))
                 total = part if total is None else total + part
-        return (total / spec.num_samples).to(values.dtype)  # fn's dtype (an autocast dtype stays)
+        if spec.shard is not None:
+            (total,) = spec.shard.sum(lambda: [total], [(spec.out_like[0], accumulation_dtype(spec.out_like[1]),
+                                                         spec.out_like[2])])
+            if total is None:
+                total = torch.zeros(spec.out_like[0], dtype=spec.out_like[1], device=spec.out_like[2])
+        return (total / spec.num_samples).to(spec.out_like[1])  # fn's dtype (an autocast dtype stays)
 
     @staticmethod
     @once_differentiable
@@ -107,12 +120,21 @@ class ChunkedMC(torch.autograd.Function):
         spec: ChunkedSpec = ctx.spec
         inputs = ctx.saved_tensors
         params, leaves = inputs[: spec.n_params], inputs[spec.n_params:]
-        grads = [None] * len(inputs)
+        if spec.shard is not None:  # one all-reduce of every input's gradient
+            grads = spec.shard.sum(lambda: ChunkedMC._replay(spec, params, leaves, grad_out), inputs)
+            return (None, *grads)
+        return (None, *ChunkedMC._replay(spec, params, leaves, grad_out))
+
+    @staticmethod
+    def _replay(spec: ChunkedSpec, params, leaves, grad_out) -> list:
+        """Σ over this process's chunks of the chunk's VJP, one entry per input (``None``: no gradient)."""
+        grads = [None] * (len(params) + len(leaves))
         stream = stream_for(spec.form, spec.seed, spec.num_samples)
         g = grad_out / spec.num_samples
-        for start in range(0, spec.num_samples, spec.chunk_size):
+        lo, hi = _window(spec, stream)
+        for start in range(lo, hi, spec.chunk_size):
             with torch.enable_grad():  # a generic form's rows carry the rsample graph
-                rows = stream.rows(start, min(start + spec.chunk_size, spec.num_samples))
+                rows = stream.rows(start, min(start + spec.chunk_size, hi))
                 p = [t.detach().requires_grad_(t.requires_grad) for t in params]
                 if isinstance(spec.form, SamplingForm):
                     loc, scale = (p if spec.form.loc is not None else (None, p[0]))
@@ -131,13 +153,14 @@ class ChunkedMC(torch.autograd.Function):
                     gk = next(it)
                     if gk is not None:
                         grads[k] = gk if grads[k] is None else grads[k] + gk
-        return (None, *grads)
+        return grads
 
 
 def chunked_value(form, fn: Callable, seed: int, num_samples: int, chunk_size: int,
-                  moments=None) -> torch.Tensor:
+                  shard=None, moments=None) -> torch.Tensor:
     """E[fn(w)] by the chunked Function, connected to every tensor the samples and ``fn`` depend on.
 
+    ``shard`` (a :class:`mcgraph.distributed.SampleShard`) restricts this process to its samples;
     ``moments`` (a :class:`mcgraph.stderr.SampleMoments`) also receives the per-sample values.
     """
     bfn = batched(fn)
@@ -158,5 +181,6 @@ def chunked_value(form, fn: Callable, seed: int, num_samples: int, chunk_size: i
         with torch.enable_grad():
             out = bfn(stream.rows(0, 1))
         leaves = graph_leaves(out) if out.requires_grad else []
-    spec = ChunkedSpec(form, bfn, seed, num_samples, chunk_size, len(params), moments)
+    spec = ChunkedSpec(form, bfn, seed, num_samples, chunk_size, len(params), moments, shard,
+                       (tuple(out.shape[1:]), out.dtype, out.device))
     return ChunkedMC.apply(spec, *params, *leaves)

@@ -33,16 +33,34 @@ from .sampling import stream_for
 
 
 def statistics(form: SamplingForm, keys: set, seed: int, num_samples: int, chunk_size: int,
-               exact: bool) -> dict:
-    """The statistics ``{(a, j): t̄_{a,j}}`` (shape ``form.noise_shape``), without autograd."""
+               exact: bool, shard=None) -> dict:
+    """The statistics ``{(a, j): t̄_{a,j}}`` (shape ``form.noise_shape``), without autograd.
+
+    With a :class:`~mcgraph.distributed.SampleShard` each process sums the noise of its own
+    samples and the sums are all-reduced before the division by M (the exact Gaussian
+    statistics are O(P) and drawn whole on every process).
+    """
     if exact:
         return exact_gaussian_statistics(tuple(form.noise_shape), num_samples, seed, form.dtype, form.device)
-    fused_stats = backend.noise_statistics(form, keys, seed, num_samples)
+    fused_stats = backend.noise_statistics(form, keys, seed, num_samples) if shard is None else None
     if fused_stats is not None:  # one Triton pass, the noise never materialised
         return fused_stats
     stream = stream_for(form, seed, num_samples)
     stream.owns_rows = True
-    return noise_statistics(stream, tuple(sorted(keys)), chunk_size, form.dtype)
+    if shard is None:
+        return noise_statistics(stream, tuple(sorted(keys)), chunk_size, form.dtype)
+    from ..distributed import window_chunks
+
+    order = sorted(k for k in keys if k != (0, 0))
+    numel = (math.prod(form.noise_shape),)
+
+    def reduce(sums):
+        out = shard.sum(lambda: [sums.get(k) for k in order], [(numel, form.dtype, form.device)] * len(order))
+        return {k: v for k, v in zip(order, out) if v is not None}
+
+    start, stop = shard.stream_window(stream, num_samples)
+    return noise_statistics(stream, tuple(sorted(keys)), chunk_size, form.dtype, reduce=reduce,
+                            chunks=window_chunks(stream, chunk_size, start, stop), shape=form.noise_shape)
 
 
 def base_moment(form: SamplingForm, a: int, b: int, stats: dict) -> torch.Tensor:

@@ -39,6 +39,7 @@ class FusedSpec:
     chunk_size: int
     out_shape: torch.Size
     moments: object = None  # a mcgraph.stderr.SampleMoments fed with the per-sample h (return_stderr)
+    shard: object = None  # a SampleShard: this process's samples only, sums all-reduced
 
 
 def _row_sum(x: torch.Tensor) -> torch.Tensor:
@@ -79,7 +80,13 @@ class FusedElementwiseMC(torch.autograd.Function):
         loc_d = loc.detach() if loc is not None else None
         scale_d = scale.detach()
         stream = stream_for(form, spec.seed, spec.num_samples)
-        for _, _, xi in stream.chunks(spec.chunk_size):
+        if spec.shard is None:
+            rows = stream.chunks(spec.chunk_size)
+        else:
+            from ..distributed import window_chunks
+
+            rows = window_chunks(stream, spec.chunk_size, *spec.shard.stream_window(stream, spec.num_samples))
+        for _, _, xi in rows:
             n = xi.shape[0]
             full = (n,) + out_shape
             with torch.enable_grad():
@@ -108,6 +115,8 @@ class FusedElementwiseMC(torch.autograd.Function):
                     gc = grads.pop(0)
                     if gc is not None:
                         acc[2 + k] += gc  # already summed over the chunk's rows by autograd
+        if spec.shard is not None:  # one all-reduce of the value and every derivative
+            value, *acc = spec.shard.sum(lambda: [value, *acc], [value, *[value] * len(acc)])
         m = spec.num_samples
         derivs = [a / m if a is not None else None for a in acc]
         ctx.input_shapes = [None if t is None else t.shape for t in (loc, scale, *captured)]
@@ -129,13 +138,14 @@ class FusedElementwiseMC(torch.autograd.Function):
 
 
 def fused_value(form: SamplingForm, node: Node, out_shape, seed: int, num_samples: int,
-                chunk_size: int, moments=None) -> torch.Tensor:
+                chunk_size: int, shard=None, moments=None) -> torch.Tensor:
     """E[h(w)] by the fused Function (autograd-connected to loc, scale and h's tensors).
 
+    ``shard`` (a :class:`mcgraph.distributed.SampleShard`) restricts this process to its samples;
     ``moments`` (a :class:`mcgraph.stderr.SampleMoments`) also receives the per-sample values.
     """
     from ..integrands import captured_tensors
 
     captured = captured_tensors(node)
-    spec = FusedSpec(form, node, captured, seed, num_samples, chunk_size, torch.Size(out_shape), moments)
+    spec = FusedSpec(form, node, captured, seed, num_samples, chunk_size, torch.Size(out_shape), moments, shard)
     return FusedElementwiseMC.apply(spec, form.loc, form.scale, *captured)

@@ -162,13 +162,14 @@ def sites(model: nn.Module) -> list[VariationalSite]:
 
 
 def kl(model: nn.Module, num_samples: int, *, seed: int | None = None, method: str = "auto",
-       reduction: str = "sum") -> torch.Tensor:
+       reduction: str = "sum", process_group=None) -> torch.Tensor:
     """KL(q ‖ p) of a bayesian-torch model: ``reduction="per_tensor_mean"`` equals ``get_kl_loss(model)``.
 
     See :func:`mcgraph.interop.kl` for the arguments; under ``method="auto"`` every site is the
     closed-form Normal KL (``num_samples`` is unused); an engine method estimates it with M samples.
     """
-    return divergence.kl(model, num_samples, seed=seed, method=method, reduction=reduction, library=NAME)
+    return divergence.kl(model, num_samples, seed=seed, method=method, reduction=reduction, library=NAME,
+                         process_group=process_group)
 
 
 def to_mcgraph(model: nn.Module, *, kl_samples: int = 1, inplace: bool = False) -> nn.Module:

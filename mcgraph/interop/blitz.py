@@ -130,7 +130,7 @@ def sites(model: nn.Module, *, prior_floor: float | None = None) -> list[Variati
 
 
 def kl(model: nn.Module, num_samples: int, *, seed: int | None = None, method: str = "auto",
-       prior_floor: float | None = None) -> torch.Tensor:
+       prior_floor: float | None = None, process_group=None) -> torch.Tensor:
     """M-sample KL(q ‖ p) of a blitz model: what ``model.nn_kl_divergence()`` estimates from one sample.
 
     Args:
@@ -140,7 +140,8 @@ def kl(model: nn.Module, num_samples: int, *, seed: int | None = None, method: s
         prior_floor: ``1e-6`` evaluates the prior as blitz does, log(p(w) + 10⁻⁶); ``None``
             the prior as written.
     """
-    return divergence.kl(model, num_samples, seed=seed, method=method, library=NAME, prior_floor=prior_floor)
+    return divergence.kl(model, num_samples, seed=seed, method=method, library=NAME, prior_floor=prior_floor,
+                         process_group=process_group)
 
 
 def to_mcgraph(model: nn.Module, *, kl_samples: int = 1, inplace: bool = False,

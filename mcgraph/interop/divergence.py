@@ -34,6 +34,7 @@ from torch import nn
 from torch.distributions import Distribution
 
 from ..api import kl_divergence
+from ..distributed import sharded
 from ..noise import mix_seed, resolve_seed
 from ..tuples import METHODS
 from .registry import VariationalSite, foreign_layers
@@ -52,7 +53,7 @@ def _check_method(method: str) -> str:
 
 
 def site_kl(q: Distribution, p: Distribution, num_samples: int, *, seed: int | None = None,
-            method: str = "auto") -> torch.Tensor:
+            method: str = "auto", process_group=None) -> torch.Tensor:
     """KL(q ‖ p) elementwise: torch's closed form where it has one, else mcgraph's M-sample estimate.
 
     Args:
@@ -61,6 +62,8 @@ def site_kl(q: Distribution, p: Distribution, num_samples: int, *, seed: int | N
         num_samples: M of the estimate (unused by a closed form).
         seed: noise seed of the estimate (``None``: drawn from torch's global generator).
         method: ``"auto"``, ``"closed-form"`` or an engine method (:data:`KL_METHODS`).
+        process_group: split the estimate's samples across a ``torch.distributed`` group
+            (:func:`mcgraph.expectation`; a closed form is computed whole on every rank).
 
     Returns:
         Tensor of shape ``q.batch_shape`` broadcast with p's batch shape.
@@ -77,18 +80,20 @@ def site_kl(q: Distribution, p: Distribution, num_samples: int, *, seed: int | N
                 raise NotImplementedError(f"method='closed-form': torch has no KL rule for "
                                           f"{type(q).__name__} ‖ {type(p).__name__}") from None
         method = "auto"
-    return kl_divergence(q, p, num_samples, seed=seed, method=method)
+    return kl_divergence(q, p, num_samples, seed=seed, method=method, process_group=process_group)
 
 
 def sites_kl(found: Sequence[VariationalSite], num_samples: int, *, seed: int | None = None,
-             method: str = "auto") -> list[torch.Tensor]:
+             method: str = "auto", process_group=None) -> list[torch.Tensor]:
     """The summed KL of each site (0-d tensors), site ``i`` seeded with ``mix(seed, i)``."""
-    if isinstance(num_samples, bool) or not isinstance(num_samples, numbers.Integral) or num_samples < 1:
-        raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
-    _check_method(method)
-    seed = resolve_seed(seed)
-    return [site_kl(s.posterior(), s.prior(), int(num_samples), seed=mix_seed(seed, i), method=method).sum()
-            for i, s in enumerate(found)]
+    with sharded(process_group, seed, num_samples) as (shard, seed):
+        if isinstance(num_samples, bool) or not isinstance(num_samples, numbers.Integral) or num_samples < 1:
+            raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+        _check_method(method)
+        seed = resolve_seed(seed)
+        return [site_kl(s.posterior(), s.prior(), int(num_samples), seed=mix_seed(seed, i), method=method,
+                        process_group=shard).sum()
+                for i, s in enumerate(found)]
 
 
 def reduce(adapter, reduction: str, found: Sequence[VariationalSite], values: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -104,7 +109,7 @@ def reduce(adapter, reduction: str, found: Sequence[VariationalSite], values: Se
 
 
 def kl(model: nn.Module, num_samples: int, *, seed: int | None = None, method: str = "auto",
-       reduction: str = "sum", library: str | None = None, **options) -> torch.Tensor:
+       reduction: str = "sum", library: str | None = None, process_group=None, **options) -> torch.Tensor:
     """KL(q ‖ p) of a model built with another library (a 0-d tensor).
 
     Args:
@@ -114,6 +119,8 @@ def kl(model: nn.Module, num_samples: int, *, seed: int | None = None, method: s
         method: ``"auto"``, ``"closed-form"`` or an engine method (:data:`KL_METHODS`).
         reduction: ``"sum"`` (the KL) or a native reduction of the model's library.
         library: require this library's layers (``None``: whichever the model uses).
+        process_group: ``None``, or a ``torch.distributed`` group whose ranks split every
+            Monte Carlo site's samples; each rank gets the full KL (:mod:`mcgraph.distributed`).
         **options: the library's site options (``prior_floor`` for blitz); only with ``library``.
 
     Raises:
@@ -125,4 +132,5 @@ def kl(model: nn.Module, num_samples: int, *, seed: int | None = None, method: s
         raise TypeError(f"kl: options {sorted(options)} need library= (they belong to one library)")
     adapter = layers[0][2]
     found = [s for name, module, a in layers for s in a.layer_sites(module, name, **options)]
-    return reduce(adapter, reduction, found, sites_kl(found, num_samples, seed=seed, method=method))
+    return reduce(adapter, reduction, found, sites_kl(found, num_samples, seed=seed, method=method,
+                                                      process_group=process_group))

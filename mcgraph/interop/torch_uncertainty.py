@@ -122,10 +122,11 @@ def sites(model: nn.Module) -> list[VariationalSite]:
 
 
 def kl(model: nn.Module, num_samples: int, *, seed: int | None = None, method: str = "auto",
-       reduction: str = "sum") -> torch.Tensor:
+       reduction: str = "sum", process_group=None) -> torch.Tensor:
     """M-sample KL(q ‖ p) of a torch-uncertainty model; ``reduction="layer_mean"`` is what ``KLDiv`` estimates
     (without its −n/2 offset)."""
-    return divergence.kl(model, num_samples, seed=seed, method=method, reduction=reduction, library=NAME)
+    return divergence.kl(model, num_samples, seed=seed, method=method, reduction=reduction, library=NAME,
+                         process_group=process_group)
 
 
 def to_mcgraph(model: nn.Module, *, kl_samples: int = 1, inplace: bool = False) -> nn.Module:

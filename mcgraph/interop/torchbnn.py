@@ -130,9 +130,10 @@ def sites(model: nn.Module) -> list[VariationalSite]:
 
 
 def kl(model: nn.Module, num_samples: int, *, seed: int | None = None, method: str = "auto",
-       reduction: str = "sum") -> torch.Tensor:
+       reduction: str = "sum", process_group=None) -> torch.Tensor:
     """KL(q ‖ p) of a torchbnn model; ``reduction="mean"`` equals ``bayesian_kl_loss(model)``."""
-    return divergence.kl(model, num_samples, seed=seed, method=method, reduction=reduction, library=NAME)
+    return divergence.kl(model, num_samples, seed=seed, method=method, reduction=reduction, library=NAME,
+                         process_group=process_group)
 
 
 def to_mcgraph(model: nn.Module, *, kl_samples: int = 1, inplace: bool = False) -> nn.Module:

@@ -9,6 +9,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from ..distributed import sharded
 from ..noise import mix_seed, resolve_seed
 from .context import bayesian_modules
 from .layers import BayesConv, BayesConvTranspose, BayesLayer, BayesLinear, SampleMode
@@ -95,7 +96,7 @@ def bayesify(model: nn.Module, *, posterior="normal", prior="normal", kl_samples
 
 
 def kl(model: nn.Module, num_samples: int | None = None, *, seed: int | None = None,
-       method: str = "auto", return_stderr: bool = False):
+       method: str = "auto", return_stderr: bool = False, process_group=None):
     """Sum of KL(q ‖ p) over the Bayesian layers of ``model``, each with its own prior.
 
     .. math::
@@ -112,6 +113,9 @@ def kl(model: nn.Module, num_samples: int | None = None, *, seed: int | None = N
         method: the engine's method (``"auto"``, ``"collapsed-exact"``, ``"direct"``, …).
         return_stderr: return ``(value, stderr)``, the standard error of the sum (layers are
             seeded apart, so their variances add; see :meth:`BayesLayer.kl`).
+        process_group: ``None``, or a ``torch.distributed`` group whose ranks split every layer's
+            samples (:func:`mcgraph.expectation`); each rank gets the full KL and its gradients,
+            so under data parallelism the KL is counted once (see the README).
 
     Returns:
         A 0-d tensor (0 when the model has no Bayesian layer).
@@ -124,15 +128,17 @@ def kl(model: nn.Module, num_samples: int | None = None, *, seed: int | None = N
         >>> value.shape, value.requires_grad
         (torch.Size([]), True)
     """
-    layers = bayesian_modules(model)
-    seed = resolve_seed(seed)
-    total = var = None
-    for i, layer in enumerate(layers):
-        v = layer.kl(num_samples, seed=mix_seed(seed, i), method=method, return_stderr=return_stderr)
-        if return_stderr:
-            v, se = v
-            var = se * se if var is None else var + se * se
-        total = v if total is None else total + v
+    with sharded(process_group, seed, 0 if num_samples is None else num_samples) as (shard, seed):
+        layers = bayesian_modules(model)
+        seed = resolve_seed(seed)
+        total = var = None
+        for i, layer in enumerate(layers):
+            v = layer.kl(num_samples, seed=mix_seed(seed, i), method=method, return_stderr=return_stderr,
+                         process_group=shard)
+            if return_stderr:
+                v, se = v
+                var = se * se if var is None else var + se * se
+            total = v if total is None else total + v
     if total is None:
         p = next(model.parameters(), None)
         total = torch.zeros((), dtype=p.dtype if p is not None else None,

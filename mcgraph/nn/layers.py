@@ -243,7 +243,7 @@ class BayesLayer(nn.Module):
         return self.bias_mu is not None
 
     def kl(self, num_samples: int | None = None, *, seed: int | None = None, method: str = "auto",
-           return_stderr: bool = False):
+           return_stderr: bool = False, process_group=None):
         """KL(q ‖ p) of this layer's weight (and Bayesian bias), summed: a 0-d tensor.
 
         .. math::
@@ -258,7 +258,9 @@ class BayesLayer(nn.Module):
             method: the engine's method (``"auto"``, ``"collapsed-exact"``, ``"direct"``, …).
             return_stderr: also return the standard error of the sum, ``(value, stderr)``: the
                 elements of q's batch (and the bias, seeded apart) have independent noise, so
-                their variances add.
+                their variances add (not with ``process_group``).
+            process_group: split the samples across a ``torch.distributed`` group
+                (see :func:`mcgraph.expectation`).
 
         Example:
             >>> import torch, mcgraph as mg
@@ -269,13 +271,17 @@ class BayesLayer(nn.Module):
         m = self.kl_samples if num_samples is None else _check_positive_int("num_samples", num_samples)
         seed = resolve_seed(seed)
         if return_stderr:
+            if process_group is not None:
+                raise ValueError("return_stderr=True with process_group: standard errors are computed by "
+                                 "one process only; call with process_group=None to get them")
             from .stderr import layer_kl_with_stderr
 
             return layer_kl_with_stderr(self, m, seed, method)
-        value = kl_divergence(self.posterior, self.prior, m, seed=seed, method=method).sum()
+        value = kl_divergence(self.posterior, self.prior, m, seed=seed, method=method,
+                              process_group=process_group).sum()
         if self.bias_mu is not None:
             value = value + kl_divergence(self.bias_posterior, self.bias_prior, m, seed=mix_seed(seed, 1),
-                                          method=method).sum()
+                                          method=method, process_group=process_group).sum()
         return value
 
     # ------------------------------------------------------------------ forward

@@ -8,6 +8,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from ..distributed import sharded
 from .context import SampleRun, bayesian_modules, capture, chunks, sample_run, window
 from .layers import SampleMode
 
@@ -104,10 +105,20 @@ def _trunk_features(model: nn.Module, x: torch.Tensor):
     return head, cap.input
 
 
+def _probs_like(model, x, run, head, features, vectorize) -> torch.Tensor:
+    """A zero tensor shaped like the ``(B, K)`` probabilities (one sample's forward, not added)."""
+    if head is not None:
+        with window(run, 0, 1):
+            logits = head(features)
+    else:
+        logits = run_window(model, x, run, 0, 1, vectorize)[0]
+    return torch.zeros_like(logits)
+
+
 @torch.no_grad()
 def predict(model: nn.Module, x: torch.Tensor, num_samples: int, chunk_size: int | None = None, *,
             seed: int | None = None, return_samples: bool = False, trunk_once: bool | None = None,
-            vectorize: bool | None = None):
+            vectorize: bool | None = None, process_group=None):
     """Predictive probabilities ``(1/M) Σ_i softmax(f(x; W_i))``, memory bounded by the chunk.
 
     When exactly one Bayesian layer samples and its output is the model's output
@@ -126,6 +137,9 @@ def predict(model: nn.Module, x: torch.Tensor, num_samples: int, chunk_size: int
         trunk_once: force (``True``) or forbid (``False``) the run-the-trunk-once path;
             default: use it when it applies.
         vectorize: as in :func:`forward_samples`.
+        process_group: ``None``, or a ``torch.distributed`` group whose ranks (holding the same
+            ``x``) split the M samples; one all-reduce of the ``(B, K)`` sum. Not with
+            ``return_samples``.
 
     Returns:
         ``(B, K)`` probabilities, or a :class:`Prediction` when ``return_samples``.
@@ -137,6 +151,13 @@ def predict(model: nn.Module, x: torch.Tensor, num_samples: int, chunk_size: int
         >>> probs.shape, bool(torch.allclose(probs.sum(-1), torch.ones(2)))
         (torch.Size([2, 10]), True)
     """
+    with sharded(process_group, seed, num_samples) as (shard, seed):
+        if shard is not None and return_samples:
+            raise ValueError("return_samples=True keeps every sample on one process: use process_group=None")
+        return _predict(model, x, num_samples, chunk_size, seed, return_samples, trunk_once, vectorize, shard)
+
+
+def _predict(model, x, num_samples, chunk_size, seed, return_samples, trunk_once, vectorize, shard):
     num_samples = _check_int("num_samples", num_samples)
     chunk = _check_int("chunk_size", chunk_size, allow_none=True) or min(num_samples, 64)
     vectorize = can_vectorize(model) if vectorize is None else bool(vectorize)
@@ -146,7 +167,9 @@ def predict(model: nn.Module, x: torch.Tensor, num_samples: int, chunk_size: int
         raise ValueError("trunk_once=True needs exactly one Bayesian layer in sample mode whose output is the "
                          "model's output")
     total, parts = None, []
-    for start, stop in chunks(num_samples, chunk):
+    lo, hi = (0, num_samples) if shard is None else shard.window(num_samples)
+    for a, b in chunks(hi - lo, chunk):
+        start, stop = lo + a, lo + b
         if head is not None:
             with window(run, start, stop):
                 logits = head(_repeat(features, stop - start))
@@ -157,6 +180,9 @@ def predict(model: nn.Module, x: torch.Tensor, num_samples: int, chunk_size: int
         total = p.sum(0) if total is None else total + p.sum(0)
         if return_samples:
             parts.append(p)
+    if shard is not None:
+        like = total if total is not None else _probs_like(model, x, run, head, features, vectorize)
+        (total,) = shard.sum(lambda: [total], [like])
     probs = total / num_samples
     if return_samples:
         return Prediction(probs, torch.cat(parts))

@@ -32,6 +32,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from ..estimators.chunked import accumulation_dtype
+from ..distributed import sharded
 from ..noise import mix_seed, resolve_seed
 from ..stderr import MCEstimate, SampleMoments
 from .context import bayesian_modules, chunks, sample_run
@@ -44,6 +45,9 @@ __all__ = ["elbo", "elbo_terms", "expected_data_term", "default_chunk", "ELBOTer
            "KLSchedule", "ConstantKL", "LinearWarmupKL", "BlundellKL", "KL_SCHEDULES", "kl_schedule"]
 
 
+_SAME = object()  # kl_process_group's default: the data term's process_group
+
+
 @dataclass(frozen=True, eq=False)
 class _NetworkSpec:
     """Non-tensor arguments of :class:`WholeNetworkMC`."""
@@ -53,6 +57,7 @@ class _NetworkSpec:
     chunk_size: int
     want: tuple  # which inputs need a gradient
     moments: object = None  # a mcgraph.stderr.SampleMoments fed with the per-sample values (return_stderr)
+    shard: object = None  # a SampleShard: this process's samples only, sums all-reduced
 
 
 class WholeNetworkMC(torch.autograd.Function):
@@ -70,26 +75,13 @@ class WholeNetworkMC(torch.autograd.Function):
     @staticmethod
     def forward(ctx, spec: _NetworkSpec, *inputs):
         targets = [t for t, w in zip(inputs, spec.want) if w]
-        total = None
-        acc: list = [None] * len(targets)
-        for start, stop in chunks(spec.num_samples, spec.chunk_size):
-            if targets:
-                with torch.enable_grad():
-                    per_sample = spec.fn(start, stop)
-                    value = per_sample.sum()
-                    grads = (torch.autograd.grad(value, targets, allow_unused=True) if value.requires_grad
-                             else [None] * len(targets))
-                for k, g in enumerate(grads):
-                    if g is not None:
-                        acc[k] = g if acc[k] is None else acc[k] + g
-            else:
-                per_sample = spec.fn(start, stop)
-                value = per_sample.sum()
-            if spec.moments is not None:
-                spec.moments.add(per_sample.detach())
-            value = value.detach().to(accumulation_dtype(value.dtype))  # float32 sums under autocast
-            total = value if total is None else total + value
-        total = total.to(per_sample.dtype)
+        dtype = inputs[0].dtype if inputs else torch.get_default_dtype()
+        if spec.shard is None:
+            total, acc, dtype = WholeNetworkMC._local(spec, targets)
+        else:  # one all-reduce of the value and every gradient
+            like = [((), accumulation_dtype(dtype))] + list(targets)
+            total, *acc = spec.shard.sum(lambda: WholeNetworkMC._local(spec, targets, flat=True), like)
+            total = total.to(dtype)
         m = spec.num_samples
         it = iter(acc)
         saved, present = [], []
@@ -101,6 +93,35 @@ class WholeNetworkMC(torch.autograd.Function):
         ctx.present = present
         ctx.save_for_backward(*saved)
         return total / m
+
+    @staticmethod
+    def _local(spec: _NetworkSpec, targets, flat: bool = False):
+        """Σ over this process's chunks of the value (in float32 at least, under autocast too) and of its
+        gradient w.r.t. every target; ``flat``: ``[total, *grads]``, else ``(total, grads, value dtype)``."""
+        total = per_sample = None
+        acc: list = [None] * len(targets)
+        start, stop = (0, spec.num_samples) if spec.shard is None else spec.shard.window(spec.num_samples)
+        for a, b in chunks(stop - start, spec.chunk_size):
+            start_, stop_ = start + a, start + b
+            if targets:
+                with torch.enable_grad():
+                    per_sample = spec.fn(start_, stop_)
+                    value = per_sample.sum()
+                    grads = (torch.autograd.grad(value, targets, allow_unused=True) if value.requires_grad
+                             else [None] * len(targets))
+                for k, g in enumerate(grads):
+                    if g is not None:
+                        acc[k] = g if acc[k] is None else acc[k] + g
+            else:
+                per_sample = spec.fn(start_, stop_)
+                value = per_sample.sum()
+            if spec.moments is not None:
+                spec.moments.add(per_sample.detach())
+            value = value.detach().to(accumulation_dtype(value.dtype))  # float32 sums under autocast
+            total = value if total is None else total + value
+        if flat:
+            return [total, *acc]
+        return total.to(per_sample.dtype), acc, per_sample.dtype
 
     @staticmethod
     @once_differentiable
@@ -153,14 +174,15 @@ def default_chunk(model: nn.Module, num_samples: int) -> int:
 def expected_data_term(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_samples: int,
                        likelihood="categorical", noise_std=1.0, seed: int | None = None,
                        chunk_size: int | None = None, method: str = "chunked",
-                       vectorize: bool | None = None, return_stderr: bool = False):
+                       vectorize: bool | None = None, return_stderr: bool = False, process_group=None):
     """``(1/B) Σ_b (1/M) Σ_i log p(y_b | x_b, W_i)`` over whole-network samples (a 0-d tensor).
 
     ``method="chunked"``: :class:`WholeNetworkMC` (memory of one chunk);
     ``method="direct"``: every sample in one autograd graph (the naive reference).
     ``return_stderr=True`` returns an :class:`~mcgraph.stderr.MCEstimate`: the standard error
-    from the per-sample values (Σf² beside Σf in the same pass; ``num_samples >= 2``).
-    The other arguments are those of :func:`elbo`.
+    from the per-sample values (Σf² beside Σf in the same pass; ``num_samples >= 2``; one process only).
+    ``process_group``: the ranks (holding the same batch) split the M samples; one
+    all-reduce of the value and the parameters' gradients. The other arguments are those of :func:`elbo`.
 
     Example:
         >>> import torch, mcgraph as mg
@@ -171,7 +193,17 @@ def expected_data_term(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, nu
         >>> torch.allclose(a, b)
         True
     """
+    with sharded(process_group, seed, num_samples) as (shard, seed):
+        return _expected_data_term(model, x, y, num_samples, likelihood, noise_std, seed, chunk_size, method,
+                                   vectorize, return_stderr, shard)
+
+
+def _expected_data_term(model, x, y, num_samples, likelihood, noise_std, seed, chunk_size, method, vectorize,
+                        return_stderr, shard):
     num_samples = _positive_int("num_samples", num_samples)
+    if return_stderr is True and shard is not None:
+        raise ValueError("return_stderr=True with process_group: standard errors are computed by one process "
+                         "only; call with process_group=None to get them")
     if not isinstance(return_stderr, bool):
         raise TypeError(f"return_stderr must be a bool, got {type(return_stderr).__name__}")
     if return_stderr and num_samples < 2:
@@ -181,6 +213,9 @@ def expected_data_term(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, nu
     chunk = _positive_int("chunk_size", chunk_size, allow_none=True) or default_chunk(model, num_samples)
     if method not in ("chunked", "direct"):
         raise ValueError(f"method must be 'chunked' or 'direct', got {method!r}")
+    if method == "direct" and shard is not None:
+        raise ValueError("method='direct' (the naive graph, for comparisons) does not split samples across "
+                         "processes: use method='chunked' with process_group")
     if isinstance(likelihood, str) and likelihood not in LIKELIHOODS:
         raise ValueError(f"likelihood must be one of {sorted(LIKELIHOODS)} or a callable, got {likelihood!r}")
     if y.shape[:1] != x.shape[:1]:
@@ -215,20 +250,20 @@ def expected_data_term(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, nu
     if isinstance(noise_std, torch.Tensor):
         inputs.append(noise_std)
     want = tuple(torch.is_grad_enabled() and t.requires_grad for t in inputs)
-    spec = _NetworkSpec(chunk_value, num_samples, chunk, want, moments)
+    spec = _NetworkSpec(chunk_value, num_samples, chunk, want, moments, shard)
     return result(WholeNetworkMC.apply(spec, *inputs))
 
 
 def elbo_terms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_samples: int, dataset_size: int,
                kl_samples: int | None = None, chunk_size: int | None = None, likelihood="categorical",
                noise_std=1.0, kl_weight: float = 1.0, seed: int | None = None, method: str = "chunked",
-               kl_method: str = "auto", vectorize: bool | None = None,
-               return_stderr: bool = False) -> ELBOTerms:
+               kl_method: str = "auto", vectorize: bool | None = None, return_stderr: bool = False,
+               process_group=None, kl_process_group=_SAME) -> ELBOTerms:
     """The ELBO and its two terms; see :func:`elbo` for the arguments.
 
     ``return_stderr=True`` also fills the standard errors of :class:`ELBOTerms` (the data
     term's from its per-sample values, the KL's from the engine, both in the pass that
-    computes them; ``num_samples`` and every KL's M must be ≥ 2).
+    computes them; ``num_samples`` and every KL's M must be ≥ 2; one process only).
 
     Example:
         >>> import torch, mcgraph as mg
@@ -238,15 +273,20 @@ def elbo_terms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_sample
         >>> bool(t.log_likelihood_stderr > 0), bool(t.kl_stderr > 0)
         (True, True)
     """
+    if kl_process_group is _SAME:
+        kl_process_group = process_group
     dataset_size = _positive_int("dataset_size", dataset_size)
     if not isinstance(kl_weight, (numbers.Real, torch.Tensor)) or isinstance(kl_weight, bool):
         raise ValueError(f"kl_weight must be a real number, got {kl_weight!r}")
+    if seed is None and (process_group is not None or kl_process_group is not None):
+        raise ValueError("seed: pass a seed with process_group / kl_process_group (the same on every rank; "
+                         "e.g. a function of the step), so that the ranks draw the same noise")
     seed = resolve_seed(seed)
     data = expected_data_term(model, x, y, num_samples=num_samples, likelihood=likelihood, noise_std=noise_std,
                               seed=seed, chunk_size=chunk_size, method=method, vectorize=vectorize,
-                              return_stderr=return_stderr)
+                              return_stderr=return_stderr, process_group=process_group)
     kl_value = model_kl(model, kl_samples, seed=mix_seed(seed, 1 << 20), method=kl_method,
-                        return_stderr=return_stderr)
+                        return_stderr=return_stderr, process_group=kl_process_group)
     if not return_stderr:
         return ELBOTerms(data - kl_weight * kl_value / dataset_size, data, kl_value)
     (data, data_se, _), (kl_value, kl_se) = data, kl_value
@@ -258,7 +298,8 @@ def elbo_terms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_sample
 def elbo(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_samples: int, dataset_size: int,
          kl_samples: int | None = None, chunk_size: int | None = None, likelihood="categorical",
          noise_std=1.0, kl_weight: float = 1.0, seed: int | None = None, method: str = "chunked",
-         kl_method: str = "auto", vectorize: bool | None = None) -> torch.Tensor:
+         kl_method: str = "auto", vectorize: bool | None = None, process_group=None,
+         kl_process_group=_SAME) -> torch.Tensor:
     """Per-example ELBO of a minibatch, differentiable, memory bounded by a chunk of samples.
 
     .. math::
@@ -290,6 +331,13 @@ def elbo(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_samples: int
         kl_method: the engine's method for the KL (``"auto"``, ``"collapsed-exact"``, …).
         vectorize: run a chunk's samples in one forward (default: unless a BatchNorm uses
             batch statistics, see :func:`~mcgraph.nn.can_vectorize`).
+        process_group: ``None``, or a ``torch.distributed`` group whose ranks hold the same batch
+            and split the M samples of both terms (:mod:`mcgraph.distributed`); every rank gets
+            the full value and gradients. Needs an explicit ``seed``, the same on every rank.
+        kl_process_group: the group that splits the KL's samples (default: ``process_group``).
+            Under ``DistributedDataParallel`` over the same ranks (each rank its own batch), pass
+            ``process_group=None, kl_process_group=group``: every rank gets the full KL and its
+            full gradient, and DDP's gradient average keeps it counted once.
 
     Returns:
         A 0-d tensor (use :func:`elbo_terms` for the two terms as well).
@@ -304,7 +352,8 @@ def elbo(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_samples: int
     """
     return elbo_terms(model, x, y, num_samples=num_samples, dataset_size=dataset_size, kl_samples=kl_samples,
                       chunk_size=chunk_size, likelihood=likelihood, noise_std=noise_std, kl_weight=kl_weight,
-                      seed=seed, method=method, kl_method=kl_method, vectorize=vectorize).elbo
+                      seed=seed, method=method, kl_method=kl_method, vectorize=vectorize,
+                      process_group=process_group, kl_process_group=kl_process_group).elbo
 
 
 # --------------------------------------------------------------------------- KL-weight schedules

@@ -91,14 +91,16 @@ class AdaptiveVB(GaussianVariationalOptimizer):
         curvature: ``"squared_gradient"`` (default, the paper) or ``"per_example"``.
         init_precision: initial π (default: the first minibatch's ``ĥ + δ/N``).
         eps: added to ``π^α`` in the step (as Adam's ε; guards parameters without prior and curvature).
-        batchnorm_prior, loss_reduction, seed, spike_slab: as :class:`~mcgraph.optim.VOGN`.
+        batchnorm_prior, loss_reduction, seed, spike_slab, process_group, parallel: as
+            :class:`~mcgraph.optim.VOGN`.
     """
 
     def __init__(self, model: nn.Module, dataset_size: int, lr: float = 1e-3, alpha: float = 0.5,
                  betas=(0.9, 0.01), precision_decay: float = 1.0, prior_precision: float = 1.0,
                  num_mc_samples: int = 1, warmup_steps: int = 0, curvature: str = "squared_gradient",
                  init_precision: float | None = None, eps: float = 1e-8, batchnorm_prior: bool = False,
-                 loss_reduction: str = "mean", seed: int | None = None, spike_slab=None) -> None:
+                 loss_reduction: str = "mean", seed: int | None = None, spike_slab=None,
+                 process_group=None, parallel: str = "data") -> None:
         if alpha not in (0.5, 1, 1.0):
             raise ValueError(f"alpha must be 0.5 or 1, got {alpha!r}")
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
@@ -116,7 +118,8 @@ class AdaptiveVB(GaussianVariationalOptimizer):
             "eps": non_negative_real("eps", eps),
         }
         super().__init__(model, dataset_size, defaults, num_mc_samples=num_mc_samples, seed=seed,
-                         loss_reduction=loss_reduction, batchnorm_prior=batchnorm_prior, spike_slab=spike_slab)
+                         loss_reduction=loss_reduction, batchnorm_prior=batchnorm_prior,
+                         spike_slab=spike_slab, process_group=process_group, parallel=parallel)
         if init_precision is not None:
             value = positive_real("init_precision", init_precision)
             for p, _ in self._flat():

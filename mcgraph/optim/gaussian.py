@@ -17,11 +17,18 @@ The parameters are restored to μ after every closure call, also when the closur
 
 **Many processes.** :meth:`_reduce_statistics` is the one place where a quantity that
 must be summed over data shards or Monte Carlo samples passes (seed 003, Algorithm 1
-lines 14–16: the per-process averages ``ĝ``, ``ĥ`` and the loss). Today it returns its
-input. A data- or sample-parallel version overrides it with an all-reduce (average) over
-a ``torch.distributed`` process group; because sample ``k`` of attempt ``t`` draws its noise
-from ``mix(mix(mix(seed, t), k), j)`` for parameter ``j`` (never from who draws it), ranks
-that split the ``K`` samples by index reproduce the single-process noise exactly.
+lines 14–16: the per-process averages ``ĝ``, ``ĥ`` and the loss). With ``process_group=None``
+it returns its input; with a ``torch.distributed`` group it all-reduces them (one collective,
+:meth:`mcgraph.distributed.SampleShard.sum`, which also checks that every rank has the same
+seed and K):
+
+* ``parallel="data"``: each rank runs the closure on its own shard of the batch with all K
+  samples; the statistics are averaged over the ranks (equal shards: the statistics of the
+  whole batch).
+* ``parallel="samples"``: every rank holds the same batch and evaluates its share of the K
+  samples; the partial averages (already divided by K) are summed. Because sample ``k`` of
+  attempt ``t`` draws its noise from ``mix(mix(mix(seed, t), k), j)`` for parameter ``j``
+  (never from who draws it), the step equals the one-process step up to float rounding.
 
 Supported layers are those with a per-example rule (:mod:`mcgraph.optim.per_example`):
 ``Linear``, ``Conv1d/2d/3d`` (weights and biases sampled) and ``BatchNorm1d/2d/3d``
@@ -105,11 +112,15 @@ class GaussianVariationalOptimizer(CountedOptimizer):
         spike_slab: a :class:`~mcgraph.optim.spike_slab.SpikeSlabEM` whose per-element prior
             precision replaces ``prior_precision`` on the weights it covers, and whose pruning
             masks are applied to μ and to every sample.
+        process_group: ``None`` (one process) or a ``torch.distributed`` group over which the
+            statistics are all-reduced (see the module docstring).
+        parallel: ``"data"`` (ranks hold different batch shards) or ``"samples"`` (ranks hold the
+            same batch and split the K samples).
     """
 
     def __init__(self, model: nn.Module, dataset_size: int, defaults: dict, *, num_mc_samples: int = 1,
                  seed: int | None = None, loss_reduction: str = "mean", batchnorm_prior: bool = False,
-                 spike_slab=None) -> None:
+                 spike_slab=None, process_group=None, parallel: str = "data") -> None:
         who = type(self).__name__
         modules = check_model(model, who)
         if isinstance(dataset_size, bool) or not isinstance(dataset_size, (int, float)) or not dataset_size > 0 \
@@ -119,6 +130,13 @@ class GaussianVariationalOptimizer(CountedOptimizer):
         self.num_mc_samples = positive_int("num_mc_samples", num_mc_samples)
         self.loss_reduction = choice("loss_reduction", loss_reduction, LOSS_REDUCTIONS)
         self.seed = resolve_seed(seed)
+        self.parallel = choice("parallel", parallel, ("data", "samples"))
+        self._shard = None
+        if process_group is not None:
+            from ..distributed import SampleShard, check_process_group
+
+            self._shard = SampleShard(check_process_group(process_group))
+            self._shard.seed, self._shard.num_samples = self.seed, self.num_mc_samples
         self.model = model
         self.spike_slab = spike_slab
         groups = []
@@ -174,10 +192,22 @@ class GaussianVariationalOptimizer(CountedOptimizer):
 
         Every tensor that is an average over this process's examples and samples passes here
         once per step: ``ĝ`` and ``ĥ`` of every parameter, then the mean loss (a 0-d tensor).
-        A distributed subclass returns their average over the process group (one all-reduce;
-        seed 003, Algorithm 1 lines 14–16); the caller uses what this returns.
+        With a process group they are all-reduced (one collective; seed 003, Algorithm 1
+        lines 14–16): averaged over the ranks for ``parallel="data"``, summed for
+        ``parallel="samples"`` (each rank's share is already divided by K).
         """
-        return tensors
+        if self._shard is None:
+            return tensors
+        reduced = self._shard.sum(lambda: tensors, tensors)
+        if self.parallel == "data":
+            reduced = [t / self._shard.world for t in reduced]
+        return reduced
+
+    def _sample_indices(self, num_samples: int) -> range:
+        """The samples ``k`` this process evaluates (all of them, unless ``parallel="samples"``)."""
+        if self._shard is None or self.parallel == "data":
+            return range(num_samples)
+        return range(*self._shard.window(num_samples))
 
     def _collect(self, closure: Callable, sigmas: list | None, num_samples: int, draw: int, curvature: bool):
         """Run the closure at ``num_samples`` samples (μ itself when ``sigmas`` is None).
@@ -195,7 +225,7 @@ class GaussianVariationalOptimizer(CountedOptimizer):
         loss_acc = None
         record = curvature or self.loss_reduction == "sum"  # a summed loss needs the batch size
         try:
-            for k in range(num_samples):
+            for k in self._sample_indices(num_samples):
                 if sigmas is not None:
                     eps = self.noise(draw, k)
                     for p, mu, sigma, e in zip(params, means, sigmas, eps):
@@ -228,6 +258,8 @@ class GaussianVariationalOptimizer(CountedOptimizer):
         finally:
             for p, mu in zip(params, means):
                 p.copy_(mu)
+        if loss_acc is None:  # this process evaluated no sample (parallel="samples", K < processes)
+            loss_acc = torch.zeros((), dtype=params[0].dtype, device=params[0].device)
         reduced = self._reduce_statistics(g_acc + (h_acc or []) + [loss_acc])
         g = reduced[:len(params)]
         h = reduced[len(params):2 * len(params)] if curvature else None

@@ -102,6 +102,9 @@ class VOGN(GaussianVariationalOptimizer):
         loss_reduction: ``"mean"`` or ``"sum"`` (how the closure's loss reduces the batch).
         seed: noise seed (``None``: drawn from torch's global generator).
         spike_slab: a :class:`~mcgraph.optim.SpikeSlabEM` (per-element prior precision and pruning).
+        process_group, parallel: all-reduce ĝ, ĥ and the loss over a ``torch.distributed`` group,
+            ``"data"`` (averaged over batch shards) or ``"samples"`` (the K samples split by index);
+            see :mod:`mcgraph.optim.gaussian`.
 
     Raises:
         TypeError: an unsupported layer owns parameters, or ``model`` is not a module.
@@ -113,7 +116,8 @@ class VOGN(GaussianVariationalOptimizer):
                  tempering_init: float | None = None, tempering_warmup_steps: int = 0, num_mc_samples: int = 1,
                  data_augmentation_factor: float = 1.0, init_precision: float | None = None,
                  variant: str | VOGNVariant = VOGNVariant.PAPER, batchnorm_prior: bool = False,
-                 loss_reduction: str = "mean", seed: int | None = None, spike_slab=None) -> None:
+                 loss_reduction: str = "mean", seed: int | None = None, spike_slab=None,
+                 process_group=None, parallel: str = "data") -> None:
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
             raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
         try:
@@ -137,7 +141,8 @@ class VOGN(GaussianVariationalOptimizer):
             "variant": variant.value,
         }
         super().__init__(model, dataset_size, defaults, num_mc_samples=num_mc_samples, seed=seed,
-                         loss_reduction=loss_reduction, batchnorm_prior=batchnorm_prior, spike_slab=spike_slab)
+                         loss_reduction=loss_reduction, batchnorm_prior=batchnorm_prior,
+                         spike_slab=spike_slab, process_group=process_group, parallel=parallel)
         if init_precision is not None:
             for p, _ in self._flat():
                 self.state[p]["precision"] = torch.full_like(p, float(init_precision))
