@@ -337,7 +337,10 @@ def _classify_piece(form, e: Elementwise, i: int, method: str, taylor_order, exa
         node = leftovers[0] if len(leftovers) == 1 else SumNode(tuple(leftovers))
         reason = "; ".join(reasons)
         if taylor_order is not None and not form.is_scaling:
-            out.append(_taylor_term(form, node, i, taylor_order, reason))
+            term = _taylor_term(form, node, i, taylor_order, reason)
+            if exact:  # the Taylor polynomial needs mean ξ^k for every k ≤ taylor_order
+                _check_exact(form, set(term.stat_keys), str(node))
+            out.append(term)
         elif method in ("collapsed", "collapsed-exact"):
             raise ValueError(f"method={method!r} does not apply to term '{node}': {reason}")
         elif method == "analytic":

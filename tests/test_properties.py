@@ -39,8 +39,8 @@ from mcgraph import distributions as mgd
 
 from families_table import FAMILY_FACTORIES, is_positive
 from hypothesis_profiles import examples
-from integrand_grammar import (Cast, Coef, Compare, Divide, ExpAffine, Power, Reduce, Unary, W, Where, compile_integrand,
-                              integrands)
+from integrand_grammar import (Affine, Binary, Cast, Coef, Compare, Divide, ExpAffine, Log, Power, Reduce, Unary, W, Where,
+                              compile_integrand, integrands)
 from same_noise_tolerances import TOLERANCES, assert_same
 
 F32, F64 = torch.float32, torch.float64
@@ -239,11 +239,16 @@ _NORMAL = Family(D.Normal, (3,), (3,), 0, F64)
                    Where(Compare(Divide(W(True), W(True)), "<=", 0.5), W(True), Power(W(True), 2)), 2, 3, 3))
 @example(case=Case(Family(mgd.Logistic, (), (), 474, F64), Reduce(Cast(Compare(W(), ">", 0.0), "double"), "flip_scale"),
                    3, 3, 1))  # 2.0 * a boolean's linear map: a float result from a boolean term
+# An integer term times a Python float is float32 (torch's default dtype) under a float64 q: compared at
+# float32's tolerance (found by the slow profile).
+@example(case=Case(Family(D.Normal, (), (), 0, F64, (("affine", 0.0, False),)),
+                   Affine(Cast(Compare(W(), ">", 0.0), "long"), 0.5, 0.672), 1, 1, 1))
 @examples(150)
 def test_same_seed_same_value_and_gradients(case):
     out, sample_dtype = case.reference_output()
     dtype = _expected_dtype(out, sample_dtype)
-    rtol, atol = TOLERANCES[case.family.dtype]
+    # the coarser of q's dtype and the result's: a float32 result of a float64 q is rounded to float32
+    rtol, atol = TOLERANCES[torch.float32 if torch.float32 in (case.family.dtype, dtype) else case.family.dtype]
     try:
         ref = case.run("direct", None)
     except Exception as e:  # noqa: BLE001 — any error must be one of ours; then every method fails alike
@@ -361,6 +366,11 @@ def _value(x):
 
 
 @given(call=calls())
+# collapsed-exact with a Taylor term of order 3 needed mean ξ³, which the exact law does not give: a raw
+# KeyError (found by the slow profile), now a ValueError naming method='collapsed-exact'.
+@example(call=(Reduce(Binary("+", W(positive=True), Log(W(positive=True))), "flip_scale"),
+               Family(D.LogNormal, (), (), 0, F64), {"num_samples": 7, "seed": None, "method": "collapsed-exact",
+                                                    "chunk_size": None, "taylor_order": 3}, (), F64))
 @examples(150)
 def test_every_error_is_ours_and_explain_never_fails_where_expectation_succeeds(call):
     node, dist, kwargs, bad, dtype = call
