@@ -87,12 +87,16 @@ def predict_probs(model: nn.Module, x: torch.Tensor, samples: int | None, seed: 
 
 
 @torch.no_grad()
-def error_and_sparsity(model: nn.Module, x: torch.Tensor, y: torch.Tensor, threshold: float = 3.0) -> dict:
-    """Prune by log α, then the test error of the deterministic network on the masked means."""
+def error_and_sparsity(model: nn.Module, x: torch.Tensor, y: torch.Tensor, threshold: float = 3.0,
+                       samples: int = 16) -> dict:
+    """Prune by log α; the test error of the deterministic network on the masked means (the seed's
+    protocol) and of the pruned network's ``samples``-sample predictive."""
     report = mnn.prune(model, threshold=threshold)
     with mnn.frozen(model):
         probs = predict_probs(model, x, None, 0)
+    sampled = predict_probs(model, x, samples, 0)
     return {"error": float((probs.argmax(-1) != y).double().mean()),
+            "sampled_error": float((sampled.argmax(-1) != y).double().mean()), "predict_samples": samples,
             "per_layer_sparsity": [layer.sparsity for layer in report.layers],
             "layers": [layer.name for layer in report.layers], "weights": report.total, "nonzero": report.kept,
             "compression": report.compression if report.kept else None}
