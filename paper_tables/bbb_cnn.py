@@ -36,7 +36,8 @@ def _settings(quick: bool) -> dict:
     base = {"batch": 64, "lr": 1e-3, "prior_scale": 0.1, "rho_init": -5.0, "beta": 1.0, "dropout": 0.25,
             "fractions": [0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.95, 0.98]}
     if quick:
-        return base | {"dataset": dataset_name(True), "seeds": 1, "epochs": 2, "predict": 4, "fractions": [0.0, 0.5, 0.9]}
+        return base | {"dataset": dataset_name(True), "seeds": 1, "epochs": 2, "predict": 4,
+                       "fractions": [0.0, 0.5, 0.9]}
     return base | {"dataset": dataset_name(False), "seeds": 3, "epochs": 30, "predict": 32}
 
 
@@ -161,7 +162,8 @@ def report(out_dir, result: TargetResult) -> dict:
     agg = aggregate(runs)
     result.rows["aggregate"] = agg
     result.scale = (f"LeNet-5 (width 1 and 0.5) on {s['dataset']}"
-                    f"{' resized to 28×28' if s['dataset'] == 'digits' else ''} ({runs[0]['train_examples']} training / "
+                    f"{' resized to 28×28' if s['dataset'] == 'digits' else ''} "
+                    f"({runs[0]['train_examples']} training / "
                     f"{runs[0]['test_examples']} test examples), {s['epochs']} epochs, batch {s['batch']}, Adam lr "
                     f"{s['lr']}, seeds {result.seeds}. BBB: N(0, {s['prior_scale']}²) prior, ρ init {s['rho_init']}, "
                     f"softplus β = {s['beta']}, local reparameterization, 1 sample per step; MC dropout p = "
@@ -188,7 +190,8 @@ def report(out_dir, result: TargetResult) -> dict:
         if m and b:
             result.compare(f"MC dropout beside BBB, width {width:g}: accuracy, NLL, ECE, AUROC", "—",
                            f"MC dropout {100 * m['accuracy'][0]:.2f} %, {m['nll'][0]:.3f}, {m['ece'][0]:.4f}, "
-                           f"{m['auroc'][0] or float('nan'):.3f}; BBB {100 * b['accuracy'][0]:.2f} %, {b['nll'][0]:.3f}, "
+                           f"{m['auroc'][0] or float('nan'):.3f}; BBB {100 * b['accuracy'][0]:.2f} %, "
+                           f"{b['nll'][0]:.3f}, "
                            f"{b['ece'][0]:.4f}, {b['auroc'][0] or float('nan'):.3f}", f"{s['epochs']} epochs",
                            "the baseline every BNN table carries")
     rows = [(LABELS[k.split("@")[0]], k.split("@")[1], f"{a['params']:,}", _fmt(a["accuracy"], 100, 2), _fmt(a["nll"]),

@@ -77,7 +77,8 @@ def run(out_dir, quick: bool = False, seed: int = 0) -> dict:
                 r = run_one(arm, s, sd)
                 runs.append(r)
                 log(f"{LABELS[arm]} seed {sd}: train {100 * r['train_accuracy']:.1f} %, test "
-                    f"{100 * r['test_accuracy']:.1f} %" + (f", sparsity {100 * r['sparsity']:.2f} %" if "sparsity" in r else ""))
+                    f"{100 * r['test_accuracy']:.1f} %"
+                    + (f", sparsity {100 * r['sparsity']:.2f} %" if "sparsity" in r else ""))
     result.seeds = seeds
     result.rows = {"runs": runs}
     return report(out_dir, result)
@@ -88,7 +89,8 @@ def report(out_dir, result: TargetResult) -> dict:
     runs = result.rows["runs"]
     result.scale = (f"LeNet-300-100 on {s['dataset']} ({runs[0]['train_examples']} training examples, labels "
                     f"permuted at random: {100 * np.mean([r['label_agreement'] for r in runs]):.1f} % agree with the "
-                    f"truth by chance), {s['epochs']} epochs (Sparse VD: KL warm-up {s['warmup']}), batch {s['batch']}, "
+                    f"truth by chance), {s['epochs']} epochs (Sparse VD: KL warm-up {s['warmup']}), "
+                    f"batch {s['batch']}, "
                     f"Adam lr {s['lr']}, seeds {result.seeds}. The seed: MNIST (and CIFAR-10 with VGG).")
     rows = []
     for arm in ARMS:
@@ -97,7 +99,8 @@ def report(out_dir, result: TargetResult) -> dict:
         te = [100 * r["test_accuracy"] for r in rs]
         sp = [100 * r["sparsity"] for r in rs if "sparsity" in r]
         p = PAPER_ROWS[arm]
-        ours = f"train {np.mean(tr):.1f} %, test {np.mean(te):.1f} %" + (f", sparsity {np.mean(sp):.2f} %" if sp else "")
+        ours = f"train {np.mean(tr):.1f} %, test {np.mean(te):.1f} %"
+        ours += f", sparsity {np.mean(sp):.2f} %" if sp else ""
         result.compare(f"MNIST → {s['dataset']}: {LABELS[arm]}", f"train {p[0]} %, test {p[1]} %"
                        + (f", sparsity {p[2]} %" if arm == "sparse_vd" else ""), ours,
                        f"{s['epochs']} epochs, {len(rs)} seeds",

@@ -77,7 +77,8 @@ def run(out_dir, quick: bool = False, seed: int = 0) -> dict:
     result.scale = (f"log α on {s['points']} equally spaced points of [−8, 8] (θ = 1, σ² = α); mcgraph's estimate "
                     f"with M = {s['num_samples']:,} samples per point, seed {seed}; standard errors from "
                     f"{s['se_draws']} independent draws of the integrand; quadrature by scipy.integrate.quad "
-                    "on ε ∈ [−12, 12] split at 0 and at the singularity ε = −1/√α. All three share the fit's constant (KL → 0 as α → ∞).")
+                    "on ε ∈ [−12, 12] split at 0 and at the singularity ε = −1/√α. All three share the fit's "
+                    "constant (KL → 0 as α → ∞).")
     return report(out_dir, result)
 
 
@@ -102,7 +103,7 @@ def report(out_dir, result: TargetResult) -> dict:
     result.compare("graph of the estimate (autograd nodes, saved bytes)", "—",
                    f"M = 1: {tuple(g['M1'])}; {big}: {tuple(g[big])}", "the whole grid", "—")
     every = s["table_every"]
-    table = [(f"{r['log_alpha']:.1f}", f"{r['approx']:.5f}", f"{r['mcgraph']:.5f} ± {r['se']:.5f}",
+    table = [(f"{round(r['log_alpha'], 6) + 0.0:.1f}", f"{r['approx']:.5f}", f"{r['mcgraph']:.5f} ± {r['se']:.5f}",
               f"{r['quadrature']:.5f}", f"{r['approx_minus_mcgraph']:+.5f}", f"{r['approx_minus_quadrature']:+.5f}")
              for i, r in enumerate(rows) if i % every == 0 or r is worst]
     result.section("Error of the fit", md_table(("log α", "fit (k1, k2, k3)", "mcgraph (± SE)", "quadrature",

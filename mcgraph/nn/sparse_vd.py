@@ -76,7 +76,8 @@ def kl_approx(log_alpha: torch.Tensor) -> torch.Tensor:
     """The published approximation of KL(N(θ, αθ²) ‖ log-uniform), zero as α → ∞.
 
     .. math::
-        KL(\\alpha) \\approx k_1 - k_1\\,\\mathrm{sigmoid}(k_2 + k_3\\log\\alpha) + \\tfrac12\\log(1 + e^{-\\log\\alpha})
+        KL(\\alpha) \\approx k_1 - k_1\\,\\mathrm{sigmoid}(k_2 + k_3\\log\\alpha)
+            + \\tfrac12\\log(1 + e^{-\\log\\alpha})
 
     Example:
         >>> import torch, mcgraph as mg
