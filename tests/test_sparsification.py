@@ -332,3 +332,19 @@ def test_models_width_and_sparsification_networks():
         mg.models.get_model("lenet5", width=0)
     with pytest.raises(ValueError, match="image_size"):
         mg.models.get_model("lenet300_100", image_size=0)
+
+
+def test_train_cli_takes_the_sparse_vd_defaults():
+    from mcgraph.train import build_model, build_parser
+
+    args = build_parser().parse_args(["--model", "lenet300_100", "--dataset", "digits", "--posterior", "sparse_vd"])
+    layer = mg.nn.bayesian_modules(build_model(args, (1, 28, 28), 10))[0]
+    assert layer.local_reparameterization and layer.scale_transform.name == "exp_half"
+    assert type(layer.prior).__name__ == "LogUniform"
+    args = build_parser().parse_args(["--model", "mlp", "--posterior", "normal"])
+    layer = mg.nn.bayesian_modules(build_model(args, (1, 8, 8), 10))[0]
+    assert not layer.local_reparameterization and layer.scale_transform.name == "softplus"
+    assert float(layer.weight_rho[0, 0]) == -5.0 and type(layer.prior).__name__ == "Normal"
+    args = build_parser().parse_args(["--model", "mlp", "--posterior", "sparse_vd", "--prior", "normal"])
+    with pytest.raises(ValueError, match="sparsifying prior"):
+        build_model(args, (1, 8, 8), 10)
