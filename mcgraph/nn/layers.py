@@ -254,7 +254,9 @@ class BayesLayer(nn.Module):
             KL = \\sum_j \\big(E_q[\\log q(w)] - E_q[\\log p(w)]\\big)_j
 
         computed by :func:`mcgraph.kl_divergence` with ``num_samples`` (default
-        ``kl_samples``) samples; its autograd graph does not grow with M.
+        ``kl_samples``) samples; its autograd graph does not grow with M. A (posterior, prior)
+        pair with a registered layer KL (:func:`mcgraph.nn.register_layer_kl`: ARD, Sparse VD's
+        fit) uses that rule; a pruned layer counts its remaining weights only.
 
         Args:
             num_samples: M (default: ``self.kl_samples``).
