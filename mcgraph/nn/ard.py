@@ -57,6 +57,8 @@ class ARDPrior(Distribution):
     arg_constraints: dict = {}
     support = constraints.real
     has_rsample = False
+    #: The prior is a function of the posterior it is paired with (no density of its own).
+    posterior_dependent = True
 
     def __init__(self, shape=(), validate_args=None) -> None:
         super().__init__(torch.Size(shape), validate_args=validate_args)
