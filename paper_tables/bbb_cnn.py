@@ -38,7 +38,7 @@ def _settings(quick: bool) -> dict:
     if quick:
         return base | {"dataset": dataset_name(True), "seeds": 1, "epochs": 2, "predict": 4,
                        "fractions": [0.0, 0.5, 0.9]}
-    return base | {"dataset": dataset_name(False), "seeds": 3, "epochs": 30, "predict": 32}
+    return base | {"dataset": dataset_name(False), "seeds": 3, "epochs": 10, "predict": 32}
 
 
 def _arm_name(arm: str, width: float) -> str:

@@ -48,7 +48,7 @@ def _settings(quick: bool) -> dict:
         return {"dataset": dataset_name(True), "seeds": 1, "batch": 64, "lr": 1e-3, "threshold": 3.0,
                 "nets": ["lenet300_100"], "epochs": {"lenet300_100": 10}, "warmup": {"lenet300_100": 3}}
     return {"dataset": dataset_name(False), "seeds": 3, "batch": 64, "lr": 1e-3, "threshold": 3.0, "nets": list(NETS),
-            "epochs": {"lenet300_100": 100, "lenet5_caffe": 20}, "warmup": {"lenet300_100": 10, "lenet5_caffe": 5}}
+            "epochs": {"lenet300_100": 50, "lenet5_caffe": 10}, "warmup": {"lenet300_100": 10, "lenet5_caffe": 5}}
 
 
 def _key(cfg: dict) -> str:
