@@ -112,7 +112,8 @@ def test_ard_layer_kl_and_gradient():
     layer = mg.nn.BayesLinear(5, 3, posterior="sparse_vd", prior="ard", rho_init=-4.0)
     value = layer.kl()
     q = layer.posterior()
-    assert float(value) == pytest.approx(float((0.5 * torch.log1p(q.loc ** 2 / q.scale ** 2)).sum()), rel=1e-6)
+    expected = (0.5 * torch.log1p(q.loc ** 2 / q.scale ** 2)).sum().detach()
+    assert float(value.detach()) == pytest.approx(float(expected), rel=1e-6)
     value.backward()
     assert torch.isfinite(layer.weight_mu.grad).all() and torch.isfinite(layer.weight_rho.grad).all()
     normal_ard = mg.nn.BayesLinear(5, 3, prior="ard")  # any Gaussian posterior works with ARD
@@ -232,10 +233,12 @@ def test_masks_survive_state_dict_round_trip():
 
 
 def test_sparse_vd_on_digits_accuracy_and_compression():
-    """CI check: LeNet-300-100 with Sparse VD on scikit-learn's digits, ≥ 90 % test accuracy at ≥ 5× compression."""
+    """CI check: LeNet-300-100 with Sparse VD on scikit-learn's digits, ≥ 90 % test accuracy at ≥ 5× compression
+    in under a minute of this process's CPU time (≈ 14 s on an idle core; CPU time, not wall time, so that a
+    loaded machine does not fail it)."""
     from mcgraph.data import load_dataset
 
-    start = time.perf_counter()
+    start = time.process_time()
     torch.manual_seed(0)
     ds = load_dataset("digits", seed=0)
     net = mg.nn.bayesify(mg.models.get_model("lenet300_100", image_size=8), posterior="sparse_vd")
@@ -256,7 +259,7 @@ def test_sparse_vd_on_digits_accuracy_and_compression():
     mg.nn.freeze(net)
     with torch.no_grad():
         acc = float((net(ds.x_test).argmax(-1) == ds.y_test).double().mean())
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     assert acc >= 0.90, acc
     assert report.compression >= 5.0, str(report)
     assert elapsed < 60, elapsed
