@@ -108,6 +108,14 @@ def test_ard_closed_form_precision_is_the_argmin():
     assert torch.allclose(est, mg.nn.ard_kl(q), atol=5e-2)
 
 
+def test_ard_refuses_non_gaussian_posteriors_and_flipout_overrides_the_default():
+    for posterior in ("radial", "laplace", "lognormal"):
+        with pytest.raises(ValueError, match="prior: 'ard' needs a Gaussian posterior"):
+            mg.nn.BayesLinear(3, 2, posterior=posterior, prior="ard")
+    layer = mg.nn.BayesLinear(3, 2, posterior="sparse_vd", flipout=True)
+    assert layer.flipout and not layer.local_reparameterization
+
+
 def test_ard_layer_kl_and_gradient():
     layer = mg.nn.BayesLinear(5, 3, posterior="sparse_vd", prior="ard", rho_init=-4.0)
     value = layer.kl()

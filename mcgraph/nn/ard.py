@@ -68,6 +68,18 @@ class ARDPrior(Distribution):
         tau = ard_precision(q).detach()
         return Normal(torch.zeros_like(tau), tau.rsqrt())
 
+    def check_posterior(self, q: Distribution) -> None:
+        """Refuse a posterior without a registered ARD KL (ARD's closed form needs a Gaussian q).
+
+        Raises:
+            ValueError: naming the posterior.
+        """
+        from .layer_kl import find_layer_kl
+
+        if find_layer_kl(type(q), ARDPrior) is None:
+            raise ValueError(f"prior: 'ard' needs a Gaussian posterior ('normal' or 'sparse_vd'), "
+                             f"got {type(q).__name__}")
+
     def log_prob(self, value):
         raise NotImplementedError("ARDPrior's precision depends on the posterior: use ARDPrior.optimal(q).log_prob")
 

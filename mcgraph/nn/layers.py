@@ -141,7 +141,7 @@ class BayesLayer(nn.Module):
         super().__init__()
         # Options left at None take the posterior family's defaults (e.g. "sparse_vd"), else the base ones.
         prior, local_reparameterization, rho_init, scale_transform = layer_options(
-            posterior, prior, local_reparameterization, rho_init, scale_transform)
+            posterior, prior, local_reparameterization, rho_init, scale_transform, flipout=flipout)
         fk = {"device": device, "dtype": dtype}
         self.weight_mu = nn.Parameter(torch.empty(weight_shape, **fk))
         self.weight_rho = nn.Parameter(torch.empty(weight_shape, **fk))
@@ -206,6 +206,8 @@ class BayesLayer(nn.Module):
             prior = make_prior(self.prior_spec, self.weight_mu)
             if check_prior is not None:
                 check_prior(prior)
+            if hasattr(prior, "check_posterior"):  # a prior set from q (ARD) names the posteriors it can pair with
+                prior.check_posterior(q)
             if self.bias_mu is not None:
                 make_prior(self.prior_spec, self.bias_mu)
 

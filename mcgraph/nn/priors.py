@@ -177,16 +177,20 @@ LAYER_DEFAULTS = {"prior": "normal", "local_reparameterization": False, "rho_ini
                   "scale_transform": "softplus"}
 
 
-def layer_options(posterior, prior=None, local_reparameterization=None, rho_init=None, scale_transform=None):
+def layer_options(posterior, prior=None, local_reparameterization=None, rho_init=None, scale_transform=None, *,
+                  flipout: bool = False):
     """``(prior, local_reparameterization, rho_init, scale_transform)`` with every ``None`` filled in.
 
     A posterior family may carry ``layer_defaults`` (a dict with some of the keys of
     :data:`LAYER_DEFAULTS`): sparse variational dropout trains ρ = log σ² with local
     reparameterization under a log-uniform prior. What the caller gives wins; then the
-    family's defaults; then :data:`LAYER_DEFAULTS`.
+    family's defaults; then :data:`LAYER_DEFAULTS`. An explicit ``flipout=True`` turns a family's default
+    local reparameterization off (they are alternatives).
     """
     family = getattr(resolve_posterior(posterior), "layer_defaults", None) or {}
     given = {"prior": prior, "local_reparameterization": local_reparameterization, "rho_init": rho_init,
              "scale_transform": scale_transform}
+    if flipout and local_reparameterization is None:
+        given["local_reparameterization"] = False
     out = {k: v if v is not None else family.get(k, LAYER_DEFAULTS[k]) for k, v in given.items()}
     return out["prior"], out["local_reparameterization"], out["rho_init"], out["scale_transform"]
