@@ -76,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image-size", type=int, default=None,
                    help="resize 2-d images (default: 28 for lenet5 on smaller images)")
     p.add_argument("--posterior", default="radial", choices=sorted(mnn.POSTERIORS))
-    p.add_argument("--prior", default="normal", choices=sorted(mnn.PRIORS))
+    p.add_argument("--prior", default=None, choices=sorted(mnn.PRIORS),
+                   help="default: the posterior family's (sparse_vd: log_uniform), else normal")
     p.add_argument("--prior-scale", type=float, default=None, help="scale of a normal/laplace/student_t prior")
     p.add_argument("--kl-samples", type=int, default=1000, help="M of every layer's KL")
     p.add_argument("--kl-method", default="auto", help="the engine's method for the KL")
@@ -85,10 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kl-schedule", default="constant", choices=["constant", "linear", "blundell"])
     p.add_argument("--kl-weight", type=float, default=1.0, help="β of the constant / final β of the linear schedule")
     p.add_argument("--warmup-epochs", type=float, default=1.0, help="length of the linear KL warm-up")
-    p.add_argument("--rho-init", type=float, default=-5.0, help="initial ρ (σ = softplus(ρ) by default)")
-    p.add_argument("--scale-transform", default="softplus",
-                   help="how σ is derived from ρ: softplus (default), exp (ρ = log σ), exp_half (ρ = log σ²)")
-    p.add_argument("--local-reparameterization", action="store_true")
+    p.add_argument("--rho-init", type=float, default=None,
+                   help="initial ρ (default −5 with σ = softplus(ρ); sparse_vd: log σ² = −10)")
+    p.add_argument("--scale-transform", default=None,
+                   help="how σ is derived from ρ: softplus (default), exp (ρ = log σ), exp_half (ρ = log σ²; "
+                        "the sparse_vd default)")
+    p.add_argument("--local-reparameterization", action="store_true",
+                   help="sample pre-activations (the sparse_vd default)")
     p.add_argument("--flipout", action="store_true")
     p.add_argument("--deterministic", action="store_true", help="train the plain network (baseline)")
     p.add_argument("--epochs", type=int, default=10)
@@ -121,12 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _prior(args):
     if args.prior_scale is None:
-        return args.prior
+        return args.prior  # None: the posterior family's default prior
     import mcgraph.nn as mnn
 
-    if args.prior not in ("normal", "laplace", "student_t", "horseshoe"):
+    if (args.prior or "normal") not in ("normal", "laplace", "student_t", "horseshoe"):
         raise ValueError(f"--prior-scale applies to normal, laplace, student_t and horseshoe priors, not {args.prior!r}")
-    return functools.partial(mnn.PRIORS[args.prior], scale=args.prior_scale)
+    return functools.partial(mnn.PRIORS[args.prior or "normal"], scale=args.prior_scale)
 
 
 def build_model(args, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
@@ -140,9 +144,16 @@ def build_model(args, input_shape: tuple[int, ...], num_classes: int) -> nn.Modu
     import mcgraph.nn as mnn
 
     return mnn.bayesify(model, posterior=args.posterior, prior=_prior(args), kl_samples=args.kl_samples,
-                        init_from_weights=False, local_reparameterization=args.local_reparameterization,
+                        init_from_weights=False, local_reparameterization=args.local_reparameterization or None,
                         flipout=args.flipout, rho_init=args.rho_init,
                         scale_transform=args.scale_transform, inplace=True)
+
+
+def _family_options(posterior):
+    """The layer options a posterior family implies (``prior``, …) when the command line leaves them out."""
+    from .nn.priors import layer_options
+
+    return layer_options(posterior)
 
 
 def _is_bayesian(model: nn.Module) -> bool:
@@ -384,7 +395,7 @@ def train(args) -> dict:
     summary = {
         "model": args.model, "dataset": args.dataset, "bayesian": bayes,
         "posterior": None if args.deterministic else args.posterior,
-        "prior": None if args.deterministic else args.prior,
+        "prior": None if args.deterministic else args.prior or _family_options(args.posterior)[0],
         "kl_samples": None if args.deterministic else args.kl_samples,
         "epochs": args.epochs, "steps": step, "parameters": n_params, "train_examples": n_train,
         "train_time_s": t_train, "eval_time_s": time.perf_counter() - t0,

@@ -2,7 +2,8 @@
 
 ``python -m paper_tables all [--quick] [--out DIR]`` or one target at a time
 (``table1``, ``theorems``, ``fig2_left``, ``fig2_right``, ``fig1_fig6``, ``fig7_fig8``, and the optimizer
-seeds' ``vogn_table`` and ``spike_slab``).
+seeds' ``vogn_table`` and ``spike_slab``, the sparsification seeds' ``sparse_vd_kl``, ``sparse_vd_table``,
+``random_labels`` and ``bbb_cnn``).
 Each target is a module with ``run(out_dir, quick, seed) -> dict`` writing
 ``<target>.md``, ``<target>.png`` and ``<target>.json`` and refreshing ``README.md``
 of the output folder; see ``paper_tables/README.md``.
@@ -25,6 +26,10 @@ TARGETS: dict[str, str] = {
     "fig7_fig8": "paper_tables.fig7_fig8",
     "vogn_table": "paper_tables.vogn_table",
     "spike_slab": "paper_tables.spike_slab",
+    "sparse_vd_kl": "paper_tables.sparse_vd_kl",
+    "sparse_vd_table": "paper_tables.sparse_vd_table",
+    "random_labels": "paper_tables.random_labels",
+    "bbb_cnn": "paper_tables.bbb_cnn",
 }
 
 

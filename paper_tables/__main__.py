@@ -1,4 +1,4 @@
-"""``python -m paper_tables all|table1|theorems|fig2_left|fig2_right|fig1_fig6|fig7_fig8|vogn_table|spike_slab [--quick] [--out DIR]``."""
+"""``python -m paper_tables all|<target> … [--quick] [--out DIR]`` (targets: :data:`paper_tables.TARGETS`)."""
 
 from __future__ import annotations
 

@@ -150,6 +150,8 @@ def prior_entries() -> tuple[list[Entry], str]:
     except Exception as e:  # noqa: BLE001 — mcgraph.nn is optional here: fall back to the paper's list
         PRIORS, source = {}, f"mcgraph.nn.PRIORS not importable ({type(e).__name__}); paper priors only"
     for name in PRIORS:
+        if getattr(PRIORS[name](torch.zeros(())), "posterior_dependent", False):
+            continue  # a prior set from q (ARD): its KL is a layer rule, not an integrand of the engine
         cols.append(Entry(f"{name} (nn)", _NN_PRIOR_PAPER.get(name),
                           lambda like, n=name: make_prior(n, like)))
     covered = {c.paper for c in cols if c.paper}

@@ -441,6 +441,11 @@ REAL_PRIORS = ("normal", "laplace", "student_t", "scale_mixture", "horseshoe")
 POSITIVE_PRIORS = ("gamma", "lognormal", "exponential", "half_normal")
 
 
+#: Registered priors with a density of their own (ARD's is set from the posterior: it has none).
+_DENSITY_PRIORS = sorted(n for n in mg.nn.PRIORS
+                         if not getattr(mg.nn.make_prior(n, torch.zeros(())), "posterior_dependent", False))
+
+
 @dataclass(frozen=True, repr=False)
 class LogProb(Node):
     """``prior.log_prob(x)``: a drawn prior, or a registered one (``mg.nn.PRIORS``) by name."""
@@ -531,7 +536,7 @@ def _extend(positive: bool, sample_shape: tuple):
             st.builds(Cast, compare, st.sampled_from(sorted(CASTS))),
             st.builds(LogProb, st.sampled_from(REAL_PRIORS), real, _small, _pos.map(lambda s: s + 0.3),
                       st.booleans()),
-            st.builds(LogProb, st.sampled_from(sorted(mg.nn.PRIORS)), real, registered=st.just(True)),
+            st.builds(LogProb, st.sampled_from(_DENSITY_PRIORS), real, registered=st.just(True)),
             _coef(arith, sample_shape),
         )
 

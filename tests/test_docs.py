@@ -12,7 +12,10 @@ MODULES = ["mcgraph.api", "mcgraph.diagnostics", "mcgraph.metrics", "mcgraph.dis
            "mcgraph.nn.convert", "mcgraph.nn.variational", "mcgraph.nn.prediction", "mcgraph.nn.likelihood",
            "mcgraph.nn.scales", "mcgraph.optim.per_example", "mcgraph.optim.gaussian", "mcgraph.optim.vogn",
            "mcgraph.optim.adaptive_vb", "mcgraph.optim.sghmc", "mcgraph.optim.schedules", "mcgraph.optim.snapshots",
-           "mcgraph.optim.spike_slab", "mcgraph.optim.shrink", "mcgraph.distributed", "mcgraph.launch"]
+           "mcgraph.optim.spike_slab", "mcgraph.optim.shrink", "mcgraph.distributed", "mcgraph.launch",
+           "mcgraph.nn.sparse_vd", "mcgraph.nn.ard",
+           "mcgraph.nn.layer_kl", "mcgraph.nn.masks", "mcgraph.nn.pruning", "mcgraph.nn.mc_dropout",
+           "mcgraph.models.lenet", "mcgraph.models.lenet_sparse"]
 
 
 # Modules whose examples use a peer library (`make interop` installs them): skipped without it.

@@ -20,6 +20,8 @@ ALL_NAMES = sorted(MODELS)
 # LeNet-5 = 156 + 2,416 + 48,120 + 10,164 + 850.
 EXPECTED_PARAMS = {
     "lenet5": 61_706,
+    "lenet5_caffe": 431_080,
+    "lenet300_100": 266_610,
     "alexnet": 2_472_266,
     "vgg11": 9_231_114,
     "vgg13": 9_416_010,
@@ -52,7 +54,7 @@ PUBLISHED_PARAMS = {
     "preact_resnet18": 11.17e6,
 }
 
-INPUT_SHAPES = {"lenet5": (1, 28, 28), "unet3d_encoder": (1, 32, 32, 32)}
+INPUT_SHAPES = {"lenet5": (1, 28, 28), "lenet5_caffe": (1, 28, 28), "lenet300_100": (1, 28, 28), "unet3d_encoder": (1, 32, 32, 32)}
 DEFAULT_INPUT = (3, 32, 32)
 
 # Cheap models used for the gradient, wrapping and resizing checks.
@@ -138,6 +140,14 @@ def test_lenet5_accepts_cifar_size_and_unet_other_volumes():
 @pytest.mark.parametrize("name", ALL_NAMES)
 def test_num_classes_and_in_channels_are_honoured(name):
     model = get_model(name, num_classes=7, in_channels=2)
+    if not any(isinstance(m, WEIGHTED[1:]) for m in model.modules()):  # an MLP: the first Linear is the stem
+        linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+        first, head = linears[0], linears[-1]
+        default = [m for m in MODELS[name]().modules() if isinstance(m, nn.Linear)]
+        assert first.in_features == 2 * default[0].in_features and head.out_features == 7
+        expected_delta = first.out_features * default[0].in_features + (head.in_features + 1) * (7 - 10)
+        assert _num_params(model) - EXPECTED_PARAMS[name] == expected_delta
+        return
     stem = next(m for m in model.modules() if isinstance(m, WEIGHTED[1:]))
     head = [m for m in model.modules() if isinstance(m, nn.Linear)][-1]
     assert stem.in_channels == 2

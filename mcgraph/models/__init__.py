@@ -16,6 +16,7 @@ Example:
 from .alexnet import AlexNet, alexnet
 from .densenet import DenseNet, densenet121, densenet161, densenet169, densenet201
 from .lenet import LeNet5, lenet5
+from .lenet_sparse import LeNet5Caffe, LeNet300100, lenet5_caffe, lenet300_100
 from .registry import MODELS, get_model, register_model
 from .resnet import (
     BasicBlock,
@@ -45,6 +46,8 @@ __all__ = [
     "Bottleneck",
     "DenseNet",
     "LeNet5",
+    "LeNet5Caffe",
+    "LeNet300100",
     "PreActBasicBlock",
     "PreActBottleneck",
     "ResNet",
@@ -53,6 +56,8 @@ __all__ = [
     "VGG_CONFIGS",
     # builders
     "lenet5",
+    "lenet5_caffe",
+    "lenet300_100",
     "alexnet",
     "vgg11",
     "vgg13",

@@ -31,6 +31,17 @@ def check_positive_int(name: str, value: object) -> int:
     return value
 
 
+def scaled(channels: int, width: object) -> int:
+    """``max(1, round(channels · width))``: a hidden width scaled by the model's ``width`` multiplier.
+
+    Raises:
+        ValueError: ``width`` is not a positive finite real number.
+    """
+    if isinstance(width, bool) or not isinstance(width, (int, float)) or not 0 < width < float("inf"):
+        raise ValueError(f"width must be a positive finite number, got {width!r}")
+    return max(1, int(round(channels * width)))
+
+
 def check_spatial_dims(spatial_dims: object) -> int:
     """Return ``spatial_dims`` if it is 1, 2 or 3, else raise ``ValueError``."""
     if spatial_dims not in _CONV or isinstance(spatial_dims, bool):

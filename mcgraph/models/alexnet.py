@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._common import check_positive_int
+from ._common import check_positive_int, scaled
 from .registry import register_model
 
 __all__ = ["AlexNet", "alexnet"]
@@ -23,33 +23,36 @@ class AlexNet(nn.Module):
     Args:
         num_classes: Number of output logits.
         in_channels: Number of input channels.
+        width: Multiplier of every convolution's filter count (rounded, at least 1); ``width=0.5``
+            is the half-width AlexNet of Shridhar et al.'s Bayesian CNNs.
 
     Shape:
         - Input: ``(batch, in_channels, H, W)`` with ``H, W >= 32``.
         - Output: ``(batch, num_classes)``.
     """
 
-    def __init__(self, num_classes: int = 10, in_channels: int = 3) -> None:
+    def __init__(self, num_classes: int = 10, in_channels: int = 3, width: float = 1.0) -> None:
         super().__init__()
         check_positive_int("num_classes", num_classes)
         check_positive_int("in_channels", in_channels)
+        c1, c2, c3, c4 = (scaled(c, width) for c in (64, 192, 384, 256))
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 64, kernel_size=11, stride=4, padding=5),
+            nn.Conv2d(in_channels, c1, kernel_size=11, stride=4, padding=5),
             nn.ReLU(inplace=True),
             nn.MaxPool2d(2),
-            nn.Conv2d(64, 192, kernel_size=5, padding=2),
+            nn.Conv2d(c1, c2, kernel_size=5, padding=2),
             nn.ReLU(inplace=True),
             nn.MaxPool2d(2),
-            nn.Conv2d(192, 384, kernel_size=3, padding=1),
+            nn.Conv2d(c2, c3, kernel_size=3, padding=1),
             nn.ReLU(inplace=True),
-            nn.Conv2d(384, 256, kernel_size=3, padding=1),
+            nn.Conv2d(c3, c4, kernel_size=3, padding=1),
             nn.ReLU(inplace=True),
-            nn.Conv2d(256, 256, kernel_size=3, padding=1),
+            nn.Conv2d(c4, c4, kernel_size=3, padding=1),
             nn.ReLU(inplace=True),
             nn.MaxPool2d(2),
             nn.AdaptiveAvgPool2d(1),
         )
-        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(256, num_classes))
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(c4, num_classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Map ``(batch, in_channels, H, W)`` images to ``(batch, num_classes)`` logits."""
@@ -57,7 +60,7 @@ class AlexNet(nn.Module):
 
 
 @register_model()
-def alexnet(num_classes: int = 10, in_channels: int = 3) -> AlexNet:
+def alexnet(num_classes: int = 10, in_channels: int = 3, width: float = 1.0) -> AlexNet:
     """CIFAR AlexNet (2,472,266 parameters for 10 classes, 3 channels).
 
     Example:
@@ -65,4 +68,4 @@ def alexnet(num_classes: int = 10, in_channels: int = 3) -> AlexNet:
         >>> alexnet()(torch.zeros(2, 3, 32, 32)).shape
         torch.Size([2, 10])
     """
-    return AlexNet(num_classes=num_classes, in_channels=in_channels)
+    return AlexNet(num_classes=num_classes, in_channels=in_channels, width=width)

@@ -19,7 +19,13 @@ from .layers import (BayesConv, BayesConv1d, BayesConv2d, BayesConv3d, BayesConv
 from .likelihood import (LIKELIHOODS, SoftmaxCrossEntropyMC, expected_log_likelihood, log_likelihood,
                          softmax_cross_entropy_mc)
 from .prediction import Prediction, can_vectorize, forward_samples, predict
-from .priors import POSTERIORS, PRIORS, make_prior, register_posterior, register_prior
+from .priors import POSTERIORS, PRIORS, layer_options, make_prior, register_posterior, register_prior
+from .layer_kl import LAYER_KL, divergence, find_layer_kl, register_layer_kl
+from . import sparse_vd
+from .sparse_vd import SparseVD, SparseVDNormal
+from .ard import ARDPrior, ard_kl, ard_precision
+from .pruning import LayerSparsity, SparsityReport, layer_log_alpha, prune, prune_l1, sparsity
+from .mc_dropout import MCDropout, mc_dropout
 from .scales import SCALE_TRANSFORMS, ScaleTransform, register_scale_transform, scale_transform, softplus_beta
 
 __all__ = [
@@ -31,4 +37,7 @@ __all__ = [
     "forward_samples", "freeze", "frozen", "kl", "kl_schedule", "log_likelihood", "make_prior", "predict",
     "register_posterior", "register_prior", "register_scale_transform", "sample_run", "scale_transform",
     "set_mode", "softmax_cross_entropy_mc", "softplus_beta", "unfreeze", "SCALE_TRANSFORMS", "ScaleTransform",
+    "layer_options", "LAYER_KL", "divergence", "find_layer_kl", "register_layer_kl", "sparse_vd", "SparseVD",
+    "SparseVDNormal", "ARDPrior", "ard_kl", "ard_precision", "LayerSparsity", "SparsityReport", "layer_log_alpha",
+    "prune", "prune_l1", "sparsity", "MCDropout", "mc_dropout",
 ]

@@ -43,6 +43,7 @@ class NoiseKind:
     OUTPUT = 2  #: standard-normal noise on the pre-activation (local reparameterization)
     SIGN_IN = 3  #: Rademacher signs on the input channels (flipout)
     SIGN_OUT = 4  #: Rademacher signs on the output channels (flipout)
+    DROPOUT = 5  #: dropout masks of a module that draws per-sample noise (MC dropout)
 
 
 def bayesian_modules(model: nn.Module) -> list[nn.Module]:
@@ -176,6 +177,9 @@ def sample_run(model: nn.Module, num_samples: int, seed: int | None = None) -> S
         raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
     seed = resolve_seed(seed)
     index = {id(m): i for i, m in enumerate(bayesian_modules(model))}
+    for m in model.modules():  # other per-sample noise (MC dropout) is numbered after the Bayesian layers
+        if getattr(m, "draws_run_noise", False) and id(m) not in index:
+            index[id(m)] = len(index)
     return SampleRun(seed, num_samples, index)
 
 

@@ -31,9 +31,9 @@ def _target(module: nn.Module):
     return None
 
 
-def bayesify(model: nn.Module, *, posterior="normal", prior="normal", kl_samples: int = 1,
-             init_from_weights: bool = True, local_reparameterization: bool = False, flipout: bool = False,
-             bayesian_bias: bool = False, rho_init: float = -5.0, scale_transform="softplus", skip=(),
+def bayesify(model: nn.Module, *, posterior="normal", prior=None, kl_samples: int = 1,
+             init_from_weights: bool = True, local_reparameterization: bool | None = None, flipout: bool = False,
+             bayesian_bias: bool = False, rho_init: float | None = None, scale_transform=None, skip=(),
              inplace: bool = False) -> nn.Module:
     """Replace every ``Linear`` / ``Conv*`` / ``ConvTranspose*`` of ``model`` by its Bayesian layer.
 
@@ -44,7 +44,8 @@ def bayesify(model: nn.Module, *, posterior="normal", prior="normal", kl_samples
     Args:
         model: any ``nn.Module`` (a single ``Linear``/``Conv`` is converted too).
         posterior, prior, kl_samples, local_reparameterization, flipout, bayesian_bias,
-            rho_init, scale_transform: the options of :class:`~mcgraph.nn.BayesLayer`, given to every layer.
+            rho_init, scale_transform: the options of :class:`~mcgraph.nn.BayesLayer`, given to every layer
+            (``None``: the posterior family's default, else ``"normal"``, ``False``, −5, ``"softplus"``).
         init_from_weights: μ (and the bias) copied from the trained weights; otherwise
             μ is freshly initialised.
         skip: qualified module names (as in ``model.named_modules()``) to keep deterministic,

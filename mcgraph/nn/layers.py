@@ -43,12 +43,13 @@ from torch import nn
 from torch.distributions import Distribution
 from torch.nn.modules.utils import _ntuple, _reverse_repeat_tuple
 
-from ..api import kl_divergence
 from ..families import GenericForm, SamplingForm, family_of
-from ..noise import mix_seed, resolve_seed
+from ..noise import resolve_seed
 from .deprecation import callable_distribution
 from .context import NoiseKind, current_capture, current_window, form_noise_global, normal_draw, rademacher
-from .priors import make_prior, resolve_posterior
+from .layer_kl import layer_kl
+from .masks import adopt_masks
+from .priors import layer_options, make_prior, resolve_posterior
 from .scales import scale_transform as resolve_scale_transform
 
 __all__ = ["SampleMode", "BayesLayer", "BayesLinear", "BayesConv", "BayesConv1d", "BayesConv2d",
@@ -104,8 +105,12 @@ class BayesLayer(nn.Module):
             callable ``(loc, scale) -> Distribution`` (``torch.distributions.Laplace``, …).
         prior: the prior: a name of :data:`mcgraph.nn.PRIORS` (``"normal"``,
             ``"scale_mixture"``, ``"laplace"``, ``"student_t"``, ``"log_uniform"``,
-            ``"horseshoe"``), a ``Distribution`` (scalar parameters broadcast to the
+            ``"horseshoe"``, ``"ard"``), a ``Distribution`` (scalar parameters broadcast to the
             weight), or a factory ``like -> Distribution``.
+            ``prior``, ``local_reparameterization``, ``rho_init`` and ``scale_transform`` left at
+            ``None`` take the posterior family's defaults (``"sparse_vd"``: log-uniform prior,
+            local reparameterization, ρ = log σ² = −10), else ``"normal"``, ``False``, −5 and
+            ``"softplus"``.
         kl_samples: M of this layer's Monte Carlo KL (ignored where the engine finds
             a closed form for every term).
         local_reparameterization: sample pre-activations instead of weights (Gaussian
@@ -130,11 +135,14 @@ class BayesLayer(nn.Module):
 
     _channel_axis = 1
 
-    def __init__(self, weight_shape, out_channels: int, bias: bool, *, posterior="normal", prior="normal",
-                 kl_samples: int = 1, local_reparameterization: bool = False, flipout: bool = False,
-                 bayesian_bias: bool = False, rho_init: float = -5.0, scale_transform="softplus", device=None,
+    def __init__(self, weight_shape, out_channels: int, bias: bool, *, posterior="normal", prior=None,
+                 kl_samples: int = 1, local_reparameterization: bool | None = None, flipout: bool = False,
+                 bayesian_bias: bool = False, rho_init: float | None = None, scale_transform=None, device=None,
                  dtype=None) -> None:
         super().__init__()
+        # Options left at None take the posterior family's defaults (e.g. "sparse_vd"), else the base ones.
+        prior, local_reparameterization, rho_init, scale_transform = layer_options(
+            posterior, prior, local_reparameterization, rho_init, scale_transform, flipout=flipout)
         fk = {"device": device, "dtype": dtype}
         self.weight_mu = nn.Parameter(torch.empty(weight_shape, **fk))
         self.weight_rho = nn.Parameter(torch.empty(weight_shape, **fk))
@@ -195,7 +203,12 @@ class BayesLayer(nn.Module):
                                      and not form.transforms):
                 raise ValueError(f"flipout=True requires a location-scale posterior w = μ + σξ with symmetric "
                                  f"noise, got posterior={name}")
-            make_prior(self.prior_spec, self.weight_mu)
+            check_prior = getattr(self._posterior_factory, "check_prior", None)
+            prior = make_prior(self.prior_spec, self.weight_mu)
+            if check_prior is not None:
+                check_prior(prior)
+            if hasattr(prior, "check_posterior"):  # a prior set from q (ARD) names the posteriors it can pair with
+                prior.check_posterior(q)
             if self.bias_mu is not None:
                 make_prior(self.prior_spec, self.bias_mu)
 
@@ -250,7 +263,9 @@ class BayesLayer(nn.Module):
             KL = \\sum_j \\big(E_q[\\log q(w)] - E_q[\\log p(w)]\\big)_j
 
         computed by :func:`mcgraph.kl_divergence` with ``num_samples`` (default
-        ``kl_samples``) samples; its autograd graph does not grow with M.
+        ``kl_samples``) samples; its autograd graph does not grow with M. A (posterior, prior)
+        pair with a registered layer KL (:func:`mcgraph.nn.register_layer_kl`: ARD, Sparse VD's
+        fit) uses that rule; a pruned layer counts its remaining weights only.
 
         Args:
             num_samples: M (default: ``self.kl_samples``).
@@ -277,12 +292,12 @@ class BayesLayer(nn.Module):
             from .stderr import layer_kl_with_stderr
 
             return layer_kl_with_stderr(self, m, seed, method)
-        value = kl_divergence(self.posterior, self.prior, m, seed=seed, method=method,
-                              process_group=process_group).sum()
-        if self.bias_mu is not None:
-            value = value + kl_divergence(self.bias_posterior, self.bias_prior, m, seed=mix_seed(seed, 1),
-                                          method=method, process_group=process_group).sum()
-        return value
+        # a registered rule for (q, p), else the engine
+        return layer_kl(self, m, seed=seed, method=method, process_group=process_group)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        adopt_masks(self, state_dict, prefix)  # a pruned layer's masks, before its parameters
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # ------------------------------------------------------------------ forward
 

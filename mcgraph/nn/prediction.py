@@ -95,7 +95,7 @@ class Prediction(NamedTuple):
 def _trunk_features(model: nn.Module, x: torch.Tensor):
     """(head, features) when exactly one Bayesian layer samples and produces the model's output."""
     sampling = [m for m in bayesian_modules(model) if m.mode == SampleMode.SAMPLE]
-    if len(sampling) != 1:
+    if len(sampling) != 1 or any(getattr(m, "draws_run_noise", False) for m in model.modules()):
         return None, None
     head = sampling[0]
     with capture(head, "input") as cap:

@@ -38,7 +38,7 @@ from torch.distributions import Distribution, Laplace, LogNormal, Normal, Studen
 from ..distributions import Horseshoe, Logistic, LogUniform, Radial, ScaleMixtureNormal
 
 __all__ = ["POSTERIORS", "PRIORS", "register_posterior", "register_prior", "resolve_posterior",
-           "make_prior"]
+           "make_prior", "layer_options", "LAYER_DEFAULTS"]
 
 PosteriorFactory = Callable[[torch.Tensor, torch.Tensor], Distribution]
 PriorFactory = Callable[..., Distribution]
@@ -170,3 +170,27 @@ def make_prior(prior, like: torch.Tensor) -> Distribution:
         raise ValueError(f"prior: shape {tuple(shape)} does not broadcast with the parameter shape "
                          f"{tuple(like.shape)}") from None
     return dist
+
+
+#: The options a Bayesian layer takes when neither the call nor the posterior family sets them.
+LAYER_DEFAULTS = {"prior": "normal", "local_reparameterization": False, "rho_init": -5.0,
+                  "scale_transform": "softplus"}
+
+
+def layer_options(posterior, prior=None, local_reparameterization=None, rho_init=None, scale_transform=None, *,
+                  flipout: bool = False):
+    """``(prior, local_reparameterization, rho_init, scale_transform)`` with every ``None`` filled in.
+
+    A posterior family may carry ``layer_defaults`` (a dict with some of the keys of
+    :data:`LAYER_DEFAULTS`): sparse variational dropout trains ρ = log σ² with local
+    reparameterization under a log-uniform prior. What the caller gives wins; then the
+    family's defaults; then :data:`LAYER_DEFAULTS`. An explicit ``flipout=True`` turns a family's default
+    local reparameterization off (they are alternatives).
+    """
+    family = getattr(resolve_posterior(posterior), "layer_defaults", None) or {}
+    given = {"prior": prior, "local_reparameterization": local_reparameterization, "rho_init": rho_init,
+             "scale_transform": scale_transform}
+    if flipout and local_reparameterization is None:
+        given["local_reparameterization"] = False
+    out = {k: v if v is not None else family.get(k, LAYER_DEFAULTS[k]) for k, v in given.items()}
+    return out["prior"], out["local_reparameterization"], out["rho_init"], out["scale_transform"]

@@ -21,7 +21,16 @@ __all__ = ["layer_kl_with_stderr"]
 
 def layer_kl_with_stderr(layer, num_samples: int, seed: int,
                          method: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(KL, stderr)`` of ``layer``'s weight (and Bayesian bias), with the seeds of ``layer.kl``."""
+    """``(KL, stderr)`` of ``layer``'s weight (and Bayesian bias), with the seeds of ``layer.kl``.
+
+    A layer whose KL comes from a registered rule (ARD, Sparse VD's fit) or that is pruned
+    (:func:`mcgraph.nn.layer_kl.layer_kl`) reports a NaN standard error: the rule's error is not known.
+    """
+    from .layer_kl import layer_kl, uses_layer_rule
+
+    if uses_layer_rule(layer):
+        value = layer_kl(layer, num_samples, seed=seed, method=method)
+        return value, torch.full_like(value.detach(), float("nan"))
     est = kl_divergence(layer.posterior, layer.prior, num_samples, seed=seed, method=method,
                         return_stderr=True)
     value, var = est.value.sum(), est.stderr.square().sum()

@@ -1,0 +1,152 @@
+"""KL terms of Bayesian layers: registered rules for (posterior, prior) pairs, else the engine.
+
+A Bayesian layer's KL is, by default, :func:`mcgraph.kl_divergence` (closed-form entropy,
+E_q[log p] by the collapsed / fused / chunked tier). Some methods define their KL term
+differently: automatic relevance determination optimises the prior in closed form, sparse
+variational dropout offers the published approximation of the log-uniform KL. Such a method
+registers one rule for its (posterior class, prior class) pair,
+
+.. code-block:: python
+
+    @mg.nn.register_layer_kl(torch.distributions.Normal, MyPrior, sparsifying=True)
+    def _kl(q, p, num_samples, seed, method):
+        return ...            # elementwise KL, shape q.batch_shape
+
+and the layer uses it. Lookup picks the most specific pair in both classes' MROs (as
+``torch.distributions.kl.register_kl`` does). A rule marked ``sparsifying`` declares a KL that
+drives weights to log α = log σ² − log μ² → ∞; :func:`mcgraph.nn.prune` prunes only layers whose
+rule says so.
+
+Pruned layers (see :mod:`mcgraph.nn.masks`): the KL is that of the weights still in the model,
+computed from the stored (unmasked) variational parameters; a pruned weight is the constant 0
+and contributes nothing.
+
+Example:
+    >>> import torch, mcgraph as mg
+    >>> q = torch.distributions.Normal(torch.tensor([1.0, 0.1]), torch.tensor([0.1, 1.0]))
+    >>> mg.nn.divergence(q, mg.nn.make_prior("ard", q.loc), num_samples=1)   # ½ log(1 + 1/α)
+    tensor([2.3076, 0.0050])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch.distributions import Distribution
+
+from ..api import kl_divergence
+from ..noise import mix_seed, resolve_seed
+from .masks import unmasked_posterior, weight_mask
+
+__all__ = ["LayerKLRule", "LAYER_KL", "register_layer_kl", "find_layer_kl", "divergence", "layer_kl",
+           "posterior_of", "prior_of"]
+
+
+@dataclass(frozen=True)
+class LayerKLRule:
+    """A registered KL of one (posterior class, prior class) pair.
+
+    Attributes:
+        fn: ``fn(q, p, num_samples, seed, method) -> Tensor`` of shape ``q.batch_shape``.
+        sparsifying: whether the KL drives log α → ∞ (the layer can be pruned by log α).
+    """
+
+    fn: Callable[..., torch.Tensor]
+    sparsifying: bool = False
+
+
+LAYER_KL: dict[tuple[type, type], LayerKLRule] = {}
+"""``(posterior class, prior class) -> LayerKLRule``."""
+
+
+def register_layer_kl(q_type: type, p_type: type, *, sparsifying: bool = False):
+    """Register ``fn(q, p, num_samples, seed, method)`` as the layer KL of ``(q_type, p_type)`` (decorator or call).
+
+    Raises:
+        TypeError: a type that is not a ``Distribution`` subclass.
+    """
+    for name, t in (("q_type", q_type), ("p_type", p_type)):
+        if not (isinstance(t, type) and issubclass(t, Distribution)):
+            raise TypeError(f"{name} must be a torch.distributions.Distribution subclass, got {t!r}")
+
+    def decorator(fn):
+        LAYER_KL[(q_type, p_type)] = LayerKLRule(fn, bool(sparsifying))
+        return fn
+
+    return decorator
+
+
+def find_layer_kl(q_type: type, p_type: type) -> LayerKLRule | None:
+    """The most specific registered rule for ``(q_type, p_type)``, or ``None`` (the engine's KL applies)."""
+    best, best_rank = None, None
+    for (qt, pt), rule in LAYER_KL.items():
+        if issubclass(q_type, qt) and issubclass(p_type, pt):
+            rank = (q_type.__mro__.index(qt), p_type.__mro__.index(pt))
+            if best_rank is None or rank < best_rank:
+                best, best_rank = rule, rank
+    return best
+
+
+def divergence(q: Distribution, p: Distribution, num_samples: int, *, seed: int | None = None,
+               method: str = "auto", process_group=None) -> torch.Tensor:
+    """Elementwise KL(q ‖ p) as a Bayesian layer computes it: a registered rule, else :func:`mcgraph.kl_divergence`.
+
+    ``process_group`` splits the engine's samples across processes; a registered rule is evaluated
+    whole on every rank (the same value everywhere).
+    """
+    rule = find_layer_kl(type(q), type(p))
+    if rule is None:
+        return kl_divergence(q, p, num_samples, seed=seed, method=method, process_group=process_group)
+    return rule.fn(q, p, num_samples, resolve_seed(seed), method)
+
+
+def posterior_of(layer) -> Distribution:
+    """The layer's weight posterior q(W) (whether ``posterior`` is a method or a property)."""
+    q = layer.posterior
+    return q if isinstance(q, Distribution) else q()
+
+
+def prior_of(layer) -> Distribution:
+    """The layer's weight prior p(W) (whether ``prior`` is a property or a method)."""
+    p = layer.prior
+    return p if isinstance(p, Distribution) else p()
+
+
+def is_sparsifying(layer) -> bool:
+    """Whether the layer's (posterior, prior) pair has a registered sparsifying KL."""
+    with torch.no_grad():
+        rule = find_layer_kl(type(unmasked_posterior(layer)), type(prior_of(layer)))
+    return rule is not None and rule.sparsifying
+
+
+def uses_layer_rule(layer) -> bool:
+    """Whether the layer's KL is not the engine's plain one: a registered rule, or a pruned weight."""
+    with torch.no_grad():
+        return (weight_mask(layer) is not None
+                or find_layer_kl(type(unmasked_posterior(layer)), type(prior_of(layer))) is not None)
+
+
+def layer_kl(layer, num_samples: int, *, seed: int, method: str = "auto", process_group=None) -> torch.Tensor:
+    """KL(q ‖ p) of a Bayesian layer's weight (and Bayesian bias), summed: a 0-d tensor.
+
+    A pruned layer contributes the KL of its remaining weights only.
+
+    Raises:
+        ValueError: a pruned layer whose posterior does not factorise over the weights
+            (its KL is not elementwise, so the pruned weights cannot be left out).
+    """
+    mask = weight_mask(layer)
+    q = posterior_of(layer) if mask is None else unmasked_posterior(layer)
+    value = divergence(q, prior_of(layer), num_samples, seed=seed, method=method, process_group=process_group)
+    if mask is not None:
+        if value.shape != mask.shape:
+            raise ValueError(f"layer: the KL of a pruned {type(q).__name__} posterior has shape {tuple(value.shape)}, "
+                             f"not the weight shape {tuple(mask.shape)}; pruning needs a factorised posterior")
+        value = torch.where(mask, value, torch.zeros((), dtype=value.dtype, device=value.device))
+    value = value.sum()
+    if layer.bias_mu is not None:
+        value = value + divergence(layer.bias_posterior, layer.bias_prior, num_samples, seed=mix_seed(seed, 1),
+                                   method=method, process_group=process_group).sum()
+    return value
