@@ -146,9 +146,9 @@ def triton_backend(monkeypatch):
             monkeypatch.setattr(module, "stream_for", stream_for)
     original_stats = collapsed.statistics
 
-    def statistics(form, keys, seed, num_samples, chunk_size, exact):
-        stats = None if exact else backend.noise_statistics(form, keys, seed, num_samples)
-        return stats if stats is not None else original_stats(form, keys, seed, num_samples, chunk_size, exact)
+    def statistics(form, keys, seed, num_samples, chunk_size, exact, shard=None):
+        stats = None if exact or shard is not None else backend.noise_statistics(form, keys, seed, num_samples)
+        return stats if stats is not None else original_stats(form, keys, seed, num_samples, chunk_size, exact, shard)
 
     monkeypatch.setattr(api, "statistics", statistics)
     return api
