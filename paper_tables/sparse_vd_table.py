@@ -50,7 +50,7 @@ def _settings(quick: bool) -> dict:
     # full: what a shared 2-core CPU affords on MNIST (the seed: 200 epochs on a GPU); on the digits, more
     mnist = dataset_name(False) == "mnist"
     return {"dataset": dataset_name(False), "seeds": 3, "batch": 64 if not mnist else 128, "lr": 1e-3,
-            "threshold": 3.0, "nets": list(NETS), "net_seeds": {"lenet300_100": 3, "lenet5_caffe": 1},
+            "threshold": 3.0, "nets": list(NETS), "net_seeds": {"lenet300_100": 3, "lenet5_caffe": 3},
             "epochs": {"lenet300_100": 3, "lenet5_caffe": 1} if mnist else {"lenet300_100": 50, "lenet5_caffe": 10},
             "warmup": {"lenet300_100": 2, "lenet5_caffe": 1} if mnist else {"lenet300_100": 10, "lenet5_caffe": 5}}
 
