@@ -4,6 +4,7 @@ import pathlib
 import re
 
 import pytest
+import torch
 
 from interop_models import load_torch_uncertainty
 
@@ -24,8 +25,36 @@ def examples() -> dict:
     return found
 
 
+def _finite(t) -> bool:
+    return bool(torch.isfinite(torch.as_tensor(t)).all())
+
+
+def _shares_parameters(ns) -> bool:
+    return {id(p) for p in ns["bnn"].parameters()} == {id(p) for p in ns["net"].parameters()}
+
+
+def _pyro_params_finite() -> bool:
+    import pyro
+
+    store = pyro.get_param_store()
+    return len(store.keys()) > 0 and all(_finite(store[k].detach()) for k in store.keys())
+
+
+#: What each example must have produced (its namespace after it ran).
+CHECKS = {
+    "bayesian-torch": lambda ns: _finite(ns["loss"]) and _shares_parameters(ns)
+    and ns["net"][0].rho_weight.grad is not None,
+    "blitz": lambda ns: _finite(ns["loss"]) and _finite(ns["net"][0].weight_sampler.rho.grad),
+    "torchbnn": lambda ns: ns["probs"].shape == (5, 3)
+    and bool(torch.allclose(ns["probs"].sum(-1), torch.ones(5), atol=1e-5)) and _shares_parameters(ns),
+    "torch-uncertainty": lambda ns: ns["kl"].shape == () and _finite(ns["kl"]) and _shares_parameters(ns),
+    "Pyro": lambda ns: len(ns["losses"]) == 3 and _finite(ns["losses"]) and _pyro_params_finite(),
+    "TyXe": lambda ns: _pyro_params_finite(),
+}
+
+
 def test_every_library_has_an_example():
-    assert set(examples()) == set(LIBRARY)
+    assert set(examples()) == set(LIBRARY) == set(CHECKS)
 
 
 @pytest.mark.parametrize("title", sorted(LIBRARY))
@@ -36,8 +65,10 @@ def test_readme_example_runs(title):
         _, _, restore = load_torch_uncertainty()
     else:
         pytest.importorskip(LIBRARY[title], reason=f"{LIBRARY[title]} is not installed (`make interop`)")
+    namespace = {"__name__": "readme_example"}
     try:
-        exec(compile(code, f"README.md ({title})", "exec"), {"__name__": "readme_example"})
+        exec(compile(code, f"README.md ({title})", "exec"), namespace)
+        assert CHECKS[title](namespace), f"README example {title!r} ran but did not produce what it shows"
     finally:
         if restore is not None:
             restore()
