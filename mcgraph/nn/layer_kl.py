@@ -41,7 +41,7 @@ from ..noise import mix_seed, resolve_seed
 from .masks import unmasked_posterior, weight_mask
 
 __all__ = ["LayerKLRule", "LAYER_KL", "register_layer_kl", "find_layer_kl", "divergence", "layer_kl",
-           "posterior_of", "prior_of"]
+           "layer_rule", "is_sparsifying", "uses_layer_rule"]
 
 
 @dataclass(frozen=True)
@@ -102,30 +102,21 @@ def divergence(q: Distribution, p: Distribution, num_samples: int, *, seed: int 
     return rule.fn(q, p, num_samples, resolve_seed(seed), method)
 
 
-def posterior_of(layer) -> Distribution:
-    """The layer's weight posterior q(W) (whether ``posterior`` is a method or a property)."""
-    q = layer.posterior
-    return q if isinstance(q, Distribution) else q()
-
-
-def prior_of(layer) -> Distribution:
-    """The layer's weight prior p(W) (whether ``prior`` is a property or a method)."""
-    p = layer.prior
-    return p if isinstance(p, Distribution) else p()
+def layer_rule(layer) -> LayerKLRule | None:
+    """The registered KL rule of the layer's (posterior, prior) pair, or ``None`` (the engine's KL)."""
+    with torch.no_grad():
+        return find_layer_kl(type(unmasked_posterior(layer)), type(layer.prior))
 
 
 def is_sparsifying(layer) -> bool:
     """Whether the layer's (posterior, prior) pair has a registered sparsifying KL."""
-    with torch.no_grad():
-        rule = find_layer_kl(type(unmasked_posterior(layer)), type(prior_of(layer)))
+    rule = layer_rule(layer)
     return rule is not None and rule.sparsifying
 
 
 def uses_layer_rule(layer) -> bool:
     """Whether the layer's KL is not the engine's plain one: a registered rule, or a pruned weight."""
-    with torch.no_grad():
-        return (weight_mask(layer) is not None
-                or find_layer_kl(type(unmasked_posterior(layer)), type(prior_of(layer))) is not None)
+    return weight_mask(layer) is not None or layer_rule(layer) is not None
 
 
 def layer_kl(layer, num_samples: int, *, seed: int, method: str = "auto", process_group=None) -> torch.Tensor:
@@ -138,8 +129,8 @@ def layer_kl(layer, num_samples: int, *, seed: int, method: str = "auto", proces
             (its KL is not elementwise, so the pruned weights cannot be left out).
     """
     mask = weight_mask(layer)
-    q = posterior_of(layer) if mask is None else unmasked_posterior(layer)
-    value = divergence(q, prior_of(layer), num_samples, seed=seed, method=method, process_group=process_group)
+    q = layer.posterior if mask is None else unmasked_posterior(layer)
+    value = divergence(q, layer.prior, num_samples, seed=seed, method=method, process_group=process_group)
     if mask is not None:
         if value.shape != mask.shape:
             raise ValueError(f"layer: the KL of a pruned {type(q).__name__} posterior has shape {tuple(value.shape)}, "
