@@ -17,7 +17,7 @@ from .families import GenericForm, distribution_parameters, family_of
 from .integrands import floating, trace
 from .distributed import sharded
 from .noise import resolve_seed
-from .stderr import MCEstimate, StderrCollector
+from .stderr import MCEstimate, StderrCollector, refuse_with_process_group
 from .tuples import Plan, Tier, classify
 
 _VALIDATE = True
@@ -173,9 +173,7 @@ def _check_stderr(return_stderr, num_samples: int, taylor_order, shard=None) -> 
     if return_stderr and taylor_order is not None:
         raise ValueError("return_stderr=True with taylor_order: the Taylor approximation is biased, its "
                          "Monte Carlo error is not the error of the result; drop one of them")
-    if return_stderr and shard is not None:
-        raise ValueError("return_stderr=True with process_group: standard errors are computed by one process "
-                         "only; call with process_group=None to get them")
+    refuse_with_process_group(return_stderr, shard)
     return return_stderr
 
 

@@ -49,6 +49,14 @@ from .tuples import Plan, TermPlan, stderr_mode
 __all__ = ["MCEstimate", "SampleMoments", "required_samples", "stderr_mode"]
 
 
+
+def refuse_with_process_group(return_stderr, process_group) -> None:
+    """Standard errors are one process's: ``return_stderr=True`` with a process group is refused."""
+    if return_stderr is True and process_group is not None:
+        raise ValueError("return_stderr=True with process_group: standard errors are computed by one process "
+                         "only; call with process_group=None to get them")
+
+
 class MCEstimate(NamedTuple):
     """A Monte Carlo estimate with its standard error (unpacks as ``value, stderr, num_samples``).
 

@@ -45,6 +45,7 @@ from torch.nn.modules.utils import _ntuple, _reverse_repeat_tuple
 
 from ..families import GenericForm, SamplingForm, family_of
 from ..noise import resolve_seed
+from ..stderr import refuse_with_process_group
 from .deprecation import callable_distribution
 from .context import NoiseKind, current_capture, current_window, form_noise_global, normal_draw, rademacher
 from .layer_kl import layer_kl
@@ -285,10 +286,8 @@ class BayesLayer(nn.Module):
         """
         m = self.kl_samples if num_samples is None else _check_positive_int("num_samples", num_samples)
         seed = resolve_seed(seed)
+        refuse_with_process_group(return_stderr, process_group)
         if return_stderr:
-            if process_group is not None:
-                raise ValueError("return_stderr=True with process_group: standard errors are computed by "
-                                 "one process only; call with process_group=None to get them")
             from .stderr import layer_kl_with_stderr
 
             return layer_kl_with_stderr(self, m, seed, method)

@@ -34,7 +34,7 @@ from torch.autograd.function import once_differentiable
 from ..estimators.chunked import accumulation_dtype
 from ..distributed import sharded
 from ..noise import mix_seed, resolve_seed
-from ..stderr import MCEstimate, SampleMoments
+from ..stderr import MCEstimate, SampleMoments, refuse_with_process_group
 from .context import bayesian_modules, chunks, sample_run
 from .convert import kl as model_kl
 from .layers import SampleMode
@@ -201,9 +201,7 @@ def expected_data_term(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, nu
 def _expected_data_term(model, x, y, num_samples, likelihood, noise_std, seed, chunk_size, method, vectorize,
                         return_stderr, shard):
     num_samples = _positive_int("num_samples", num_samples)
-    if return_stderr is True and shard is not None:
-        raise ValueError("return_stderr=True with process_group: standard errors are computed by one process "
-                         "only; call with process_group=None to get them")
+    refuse_with_process_group(return_stderr, shard)
     if not isinstance(return_stderr, bool):
         raise TypeError(f"return_stderr must be a bool, got {type(return_stderr).__name__}")
     if return_stderr and num_samples < 2:
