@@ -240,3 +240,22 @@ def test_per_sample_moments_are_the_same_noise():
     m = per_sample_moments(mg.family_of(q), lambda w: w, 0, 10, 4)
     w = mg.family_of(q).sample(_rows(q, 0, 10))
     torch.testing.assert_close(m.stderr(), w.std(0) / math.sqrt(10))
+
+
+
+def test_a_one_process_group_gives_the_one_process_standard_errors(tmp_path):
+    """A group of one process is no split (``shard_for`` returns ``None``): standard errors are allowed
+    and equal those without a group. (With more ranks they are refused: see ``refuse_with_process_group``.)"""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        group = dist.group.WORLD
+        q = torch.distributions.Normal(torch.zeros(3), torch.ones(3))
+        a = mg.expectation(lambda w: w.abs(), q, 10, seed=0, return_stderr=True, process_group=group)
+        b = mg.expectation(lambda w: w.abs(), q, 10, seed=0, return_stderr=True)
+        torch.testing.assert_close(a.value, b.value, rtol=0, atol=0)
+        torch.testing.assert_close(a.stderr, b.stderr, rtol=0, atol=0)
+        assert bool((a.stderr > 0).all())
+    finally:
+        dist.destroy_process_group()
