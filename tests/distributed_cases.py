@@ -280,5 +280,6 @@ def worker(rank: int, world: int, store: str, names: list, outdir: str) -> None:
             except Exception:  # noqa: BLE001 -- the parent reports it
                 results[name] = {"__error__": traceback.format_exc()}
         torch.save(results, os.path.join(outdir, f"rank{rank}.pt"))
+        dist.barrier()  # no rank tears gloo down while another still talks to it (an abort otherwise)
     finally:
         dist.destroy_process_group()

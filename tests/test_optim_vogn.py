@@ -392,6 +392,7 @@ def _distributed_worker(rank, world, path, init_file):
         for _ in range(2):
             opt.step(_closure(opt, model, x[shard], y[shard]))
         torch.save([p.detach() for p in model.parameters()], f"{path}.{rank}")
+        dist.barrier()  # no rank tears gloo down while the other still talks to it (an abort otherwise)
     finally:
         dist.destroy_process_group()
 
