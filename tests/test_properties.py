@@ -243,6 +243,10 @@ _NORMAL = Family(D.Normal, (3,), (3,), 0, F64)
 # float32's tolerance (found by the slow profile).
 @example(case=Case(Family(D.Normal, (), (), 0, F64, (("affine", 0.0, False),)),
                    Affine(Cast(Compare(W(), ">", 0.0), "long"), 0.5, 0.672), 1, 1, 1))
+# A 0-d float64 coefficient times a float32 term of a scalar q: float64 per sample (two 0-d tensors),
+# float32 on the fused tier's batched rows until it evaluated scalar samples under vmap (slow profile).
+@example(case=Case(Family(D.Laplace, (), (), 0, F64),
+                   Reduce(Coef(Cast(Compare(W(), ">", 0.0), "float"), (0.688,), ()), "flip_scale"), 1, 0, 1))
 @examples(150)
 def test_same_seed_same_value_and_gradients(case):
     out, sample_dtype = case.reference_output()

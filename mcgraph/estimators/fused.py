@@ -61,6 +61,22 @@ def _align(x: torch.Tensor, ndim: int) -> torch.Tensor:
     return x.reshape((x.shape[0],) + (1,) * extra + tuple(x.shape[1:])) if extra > 0 else x
 
 
+def _evaluate(node: Node, w: torch.Tensor, subs: dict) -> torch.Tensor:
+    """``h`` on rows ``w`` of shape ``(n, *out_shape)``, with the per-sample semantics of ``fn``.
+
+    A scalar sample (``w`` of shape ``(n,)``) is evaluated under ``vmap``, as the direct estimator
+    evaluates ``fn``: torch promotes two 0-d tensors by category and width (0-d float32 times 0-d
+    float64 is float64) but lets a 0-d tensor defer to a dimensioned one, so evaluating the batched
+    ``(n,)`` rows directly could round ``h`` to float32 where ``fn`` of one sample is float64.
+    """
+    if w.dim() == 1:
+        try:
+            return torch.func.vmap(lambda x: node(x, subs))(w)
+        except Exception:  # an op vmap cannot batch: the batched rows, as for any other shape
+            pass
+    return node(w, subs)
+
+
 class FusedElementwiseMC(torch.autograd.Function):
     """``y = mean_i h(T(loc + scale·ξ_i))`` with gradients accumulated in the forward pass.
 
@@ -95,7 +111,7 @@ class FusedElementwiseMC(torch.autograd.Function):
                 c_leaves = [c.detach().expand(out_shape).requires_grad_(w) if w else c.detach()
                             for c, w in zip(captured, want[2:])]
                 subs = {id(c): leaf for c, leaf in zip(spec.captured, c_leaves)}
-                h = spec.node(form.apply_transforms(u_leaf), subs).expand(full)
+                h = _evaluate(spec.node, form.apply_transforms(u_leaf), subs).expand(full)
                 inputs = ([u_leaf] if any(want[:2]) else []) + [leaf for leaf, w in zip(c_leaves, want[2:]) if w]
                 # h may not depend on an input (or carry no gradient at all, like where(w > 0, 1., 0.)):
                 # such a derivative is zero.
