@@ -17,6 +17,7 @@ upstream gradient ``g`` of y's shape, ``grad_x = sum_to_size(g · ∂y/∂x, x.s
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +25,8 @@ from torch.autograd.function import once_differentiable
 
 from ..families import SamplingForm
 from ..integrands import Node
+from . import fused_body
+from .derivatives import Lowered, NoRule, lower
 from .sampling import stream_for
 
 
@@ -40,6 +43,7 @@ class FusedSpec:
     out_shape: torch.Size
     moments: object = None  # a mcgraph.stderr.SampleMoments fed with the per-sample h (return_stderr)
     shard: object = None  # a SampleShard: this process's samples only, sums all-reduced
+    lowered: Lowered | None = None  # the program for the forward-rule bodies; None: the autograd path
 
 
 def _row_sum(x: torch.Tensor) -> torch.Tensor:
@@ -77,6 +81,69 @@ def _evaluate(node: Node, w: torch.Tensor, subs: dict) -> torch.Tensor:
     return node(w, subs)
 
 
+def _body_spec(spec: FusedSpec, want: list) -> fused_body.BodySpec | None:
+    """The forward-rule chunk body for ``spec``, or ``None`` when the autograd path must run."""
+    form = spec.form
+    if spec.lowered is None:
+        return None
+    transform = _transform_name(form.transforms)
+    if transform is None:
+        return None
+    slots = [spec.lowered.slot_of(c) for c, w in zip(spec.captured, want[2:]) if w]
+    return fused_body.BodySpec(spec.lowered.tree, spec.lowered.key()[1], tuple(spec.out_shape), form.loc is None,
+                               transform, bool(want[0]), bool(want[1]), tuple(slots), len(spec.out_shape) == 0,
+                               spec.moments is not None)
+
+
+def _spread(sums: tuple, want: list) -> tuple:
+    """A body's sums ``(Σh, Σh̃', Σh̃'ξ, *wanted Σ∂h/∂c[, h])`` laid out as the autograd chunk's:
+    one entry per captured tensor (``None`` where not wanted), then ``h`` (or ``None``)."""
+    head, rest = list(sums[:3]), iter(sums[3:])
+    per_c = [next(rest) if w else None for w in want[2:]]
+    return tuple(head + per_c) + (next(rest, None),)
+
+
+def _transform_name(transforms) -> str | None:
+    """``""`` (w = u), ``"exp"`` (w = eᵘ), or ``None`` for transforms the bodies do not cover."""
+    if not transforms:
+        return ""
+    if len(transforms) == 1 and type(transforms[0]) is torch.distributions.transforms.ExpTransform:
+        return "exp"
+    return None
+
+
+def _autograd_chunk(spec: FusedSpec, want: list, xi, loc_d, scale_d, captured) -> tuple:
+    """One chunk's ``(Σh, Σh̃', Σh̃'ξ, *Σ∂h/∂c, h)`` by a local autograd call (the fallback path)."""
+    form = spec.form
+    out_shape = tuple(spec.out_shape)
+    n = xi.shape[0]
+    full = (n,) + out_shape
+    fused_body._set_path("autograd")
+    with torch.enable_grad():
+        u = _align(form.base(xi, loc_d, scale_d), len(out_shape)).expand(full)
+        u_leaf = u.detach().requires_grad_(any(want[:2]))
+        c_leaves = [c.detach().expand(out_shape).requires_grad_(w) if w else c.detach()
+                    for c, w in zip(captured, want[2:])]
+        subs = {id(c): leaf for c, leaf in zip(spec.captured, c_leaves)}
+        h = _evaluate(spec.node, form.apply_transforms(u_leaf), subs).expand(full)
+        inputs = ([u_leaf] if any(want[:2]) else []) + [leaf for leaf, w in zip(c_leaves, want[2:]) if w]
+        # h may not depend on an input (or carry no gradient at all, like where(w > 0, 1., 0.)):
+        # such a derivative is zero.
+        grads = (list(torch.autograd.grad(h, inputs, torch.ones_like(h), allow_unused=True))
+                 if inputs and h.requires_grad else [None] * len(inputs))
+    h = h.detach()
+    out = [_row_sum(h), None, None]
+    if any(want[:2]):
+        gu = grads.pop(0)
+        if want[0] and gu is not None:
+            out[1] = _row_sum(gu)
+        if want[1] and gu is not None:
+            out[2] = _row_sum(gu.mul_(_align(xi, len(out_shape))))
+    for w in want[2:]:
+        out.append(grads.pop(0) if w else None)  # already summed over the chunk's rows by autograd
+    return tuple(out) + (h,)
+
+
 class FusedElementwiseMC(torch.autograd.Function):
     """``y = mean_i h(T(loc + scale·ξ_i))`` with gradients accumulated in the forward pass.
 
@@ -102,35 +169,25 @@ class FusedElementwiseMC(torch.autograd.Function):
             from ..distributed import window_chunks
 
             rows = window_chunks(stream, spec.chunk_size, *spec.shard.stream_window(stream, spec.num_samples))
-        for _, _, xi in rows:
-            n = xi.shape[0]
-            full = (n,) + out_shape
-            with torch.enable_grad():
-                u = _align(form.base(xi, loc_d, scale_d), len(out_shape)).expand(full)
-                u_leaf = u.detach().requires_grad_(any(want[:2]))
-                c_leaves = [c.detach().expand(out_shape).requires_grad_(w) if w else c.detach()
-                            for c, w in zip(captured, want[2:])]
-                subs = {id(c): leaf for c, leaf in zip(spec.captured, c_leaves)}
-                h = _evaluate(spec.node, form.apply_transforms(u_leaf), subs).expand(full)
-                inputs = ([u_leaf] if any(want[:2]) else []) + [leaf for leaf, w in zip(c_leaves, want[2:]) if w]
-                # h may not depend on an input (or carry no gradient at all, like where(w > 0, 1., 0.)):
-                # such a derivative is zero.
-                grads = (list(torch.autograd.grad(h, inputs, torch.ones_like(h), allow_unused=True))
-                         if inputs and h.requires_grad else [None] * len(inputs))
-            value += _row_sum(h.detach())
-            if spec.moments is not None:
-                spec.moments.add(h.detach())
-            if any(want[:2]):
-                gu = grads.pop(0)
-                if want[0] and gu is not None:
-                    acc[0] += _row_sum(gu)
-                if want[1] and gu is not None:
-                    acc[1] += _row_sum(gu.mul_(_align(xi, len(out_shape))))
-            for k, w in enumerate(want[2:]):
-                if w:
-                    gc = grads.pop(0)
-                    if gc is not None:
-                        acc[2 + k] += gc  # already summed over the chunk's rows by autograd
+        body = _body_spec(spec, want)
+        compile_ = body is not None and fused_body.wants_compile(spec.num_samples * math.prod(out_shape),
+                                                                 form.device)
+        tensors = tuple(t.detach() for t in spec.lowered.tensors) if body is not None else ()
+        with fused_body.flush_denormals(fused_body.FLUSH_DENORMALS):
+            for _, _, xi in rows:
+                if body is not None:
+                    try:
+                        sums = _spread(fused_body.run_chunk(body, compile_, xi, loc_d, scale_d, tensors), want)
+                    except NoRule:  # an argument combination no forward rule covers: autograd from here on
+                        body = None
+                if body is None:
+                    sums = _autograd_chunk(spec, want, xi, loc_d, scale_d, captured)
+                value += sums[0]
+                if spec.moments is not None:
+                    spec.moments.add(sums[-1])
+                for k, w in enumerate(want):
+                    if w and sums[1 + k] is not None:
+                        acc[k] += sums[1 + k]
         if spec.shard is not None:  # one all-reduce of the value and every derivative
             value, *acc = spec.shard.sum(lambda: [value, *acc], [value, *[value] * len(acc)])
         m = spec.num_samples
@@ -163,5 +220,6 @@ def fused_value(form: SamplingForm, node: Node, out_shape, seed: int, num_sample
     from ..integrands import captured_tensors
 
     captured = captured_tensors(node)
-    spec = FusedSpec(form, node, captured, seed, num_samples, chunk_size, torch.Size(out_shape), moments, shard)
+    spec = FusedSpec(form, node, captured, seed, num_samples, chunk_size, torch.Size(out_shape), moments, shard,
+                     lower(node))
     return FusedElementwiseMC.apply(spec, form.loc, form.scale, *captured)
