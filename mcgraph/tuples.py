@@ -122,6 +122,10 @@ class Plan:
                              else f"    d_P = {t.d_P}·M (grows with M)")
             if t.reason:
                 lines.append(f"    not collapsible: {t.reason}")
+            if t.tier == Tier.FUSED and t.node is not None and isinstance(self.form, SamplingForm):
+                from .estimators.fused import describe_body
+
+                lines.append(f"    chunk body: {describe_body(self.form, t.node)}")
             variance = _variance_line(self.form, t)
             if variance:
                 lines.append(f"    standard error: {variance}")

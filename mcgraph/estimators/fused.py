@@ -84,7 +84,7 @@ def _evaluate(node: Node, w: torch.Tensor, subs: dict) -> torch.Tensor:
 def _body_spec(spec: FusedSpec, want: list) -> fused_body.BodySpec | None:
     """The forward-rule chunk body for ``spec``, or ``None`` when the autograd path must run."""
     form = spec.form
-    if spec.lowered is None:
+    if spec.lowered is None or fused_body.body_mode() == "autograd":
         return None
     transform = _transform_name(form.transforms)
     if transform is None:
@@ -138,7 +138,7 @@ def _autograd_chunk(spec: FusedSpec, want: list, xi, loc_d, scale_d, captured) -
         if want[0] and gu is not None:
             out[1] = _row_sum(gu)
         if want[1] and gu is not None:
-            out[2] = _row_sum(gu.mul_(_align(xi, len(out_shape))))
+            out[2] = _row_sum(gu * _align(xi, len(out_shape)))
     for w in want[2:]:
         out.append(grads.pop(0) if w else None)  # already summed over the chunk's rows by autograd
     return tuple(out) + (h,)
@@ -208,6 +208,15 @@ class FusedElementwiseMC(torch.autograd.Function):
             else:
                 grads.append(None)
         return (None, *grads)
+
+
+def describe_body(form: SamplingForm, node: Node) -> str:
+    """Which chunk body the fused tier runs for ``node`` under ``form``, in words (for ``explain``)."""
+    from .derivatives import missing_rule
+
+    if _transform_name(form.transforms) is None:
+        return fused_body.describe(None, "transforms other than one exp have no forward rule")
+    return fused_body.describe(lower(node), missing_rule(node))
 
 
 def fused_value(form: SamplingForm, node: Node, out_shape, seed: int, num_samples: int,

@@ -14,8 +14,9 @@ Compiling takes seconds to tens of seconds, so it is used only when one call has
 :data:`COMPILE_MIN_ELEMENTS` sample elements (``M · numel(h)``); smaller calls, and every call
 where compiling fails, run the same body eagerly (same numbers within float rounding).
 
-``MCGRAPH_FUSED_COMPILE`` overrides the choice: ``never`` (always eager), ``always`` (compile
-whatever the size), ``auto`` (the default).
+``MCGRAPH_FUSED_BODY`` overrides the choice: ``auto`` (the default), ``eager`` (never compile),
+``compiled`` (compile whatever the size), ``autograd`` (the local autograd call per chunk that
+programs without forward rules use).
 
 Example:
     >>> import torch, mcgraph as mg
@@ -43,7 +44,8 @@ COMPILE_MIN_ELEMENTS = 1 << 23
 #: Flush denormals to zero while the chunk bodies run (see :func:`flush_denormals`).
 FLUSH_DENORMALS = True
 
-_ENV = "MCGRAPH_FUSED_COMPILE"
+_ENV = "MCGRAPH_FUSED_BODY"
+_MODES = ("auto", "eager", "compiled", "autograd")
 _COMPILED: dict = {}  # key -> compiled body, or None where compiling failed
 _STATE = threading.local()
 
@@ -57,11 +59,11 @@ def _set_path(path: str) -> None:
     _STATE.path = path
 
 
-def compile_mode() -> str:
-    """``auto`` | ``never`` | ``always``, from ``MCGRAPH_FUSED_COMPILE`` (``auto`` when unset)."""
+def body_mode() -> str:
+    """``auto`` | ``eager`` | ``compiled`` | ``autograd``, from ``MCGRAPH_FUSED_BODY`` (``auto`` when unset)."""
     mode = os.environ.get(_ENV, "auto").strip().lower() or "auto"
-    if mode not in ("auto", "never", "always"):
-        raise ValueError(f"{_ENV} must be auto, never or always, got {mode!r}")
+    if mode not in _MODES:
+        raise ValueError(f"{_ENV} must be one of {', '.join(_MODES)}, got {mode!r}")
     return mode
 
 
@@ -81,20 +83,21 @@ def compiler_available() -> bool:
 
 def wants_compile(elements: int, device: torch.device) -> bool:
     """Whether a call over ``elements`` sample elements should run a compiled body."""
-    mode = compile_mode()
-    if mode == "never" or (mode == "auto" and elements < COMPILE_MIN_ELEMENTS):
+    mode = body_mode()
+    if mode in ("eager", "autograd") or (mode == "auto" and elements < COMPILE_MIN_ELEMENTS):
         return False
     return device.type == "cpu" and compiler_available()
 
 
 def describe(lowered: Lowered | None, reason: str = "") -> str:
     """The chunk body in words, for ``explain``."""
-    if lowered is None:
-        return f"local autograd call per chunk ({reason})" if reason else "local autograd call per chunk"
-    mode = compile_mode()
-    if mode == "never":
-        return "value and derivatives by forward rules in one pass (eager; compiling disabled)"
-    when = "always" if mode == "always" else f"when M·numel(h) ≥ {COMPILE_MIN_ELEMENTS:,}".replace(",", " ")
+    mode = body_mode()
+    if lowered is None or mode == "autograd":
+        why = reason or f"{_ENV}=autograd"
+        return f"a local autograd call per chunk ({why})"
+    if mode == "eager":
+        return f"value and derivatives by forward rules in one pass (eager; {_ENV}=eager)"
+    when = "always" if mode == "compiled" else f"when M·numel(h) ≥ {COMPILE_MIN_ELEMENTS:,}".replace(",", " ")
     return (f"value and derivatives by forward rules in one pass; compiled with torch.compile {when} "
             "and a compiler works, eager otherwise")
 
@@ -269,5 +272,5 @@ def _compiled(spec: BodySpec):
     return _COMPILED[spec]
 
 
-__all__ = ["BodySpec", "COMPILE_MIN_ELEMENTS", "NoRule", "compile_mode", "compiler_available", "describe",
+__all__ = ["BodySpec", "COMPILE_MIN_ELEMENTS", "NoRule", "body_mode", "compiler_available", "describe",
            "flush_denormals", "last_path", "make_body", "run_chunk", "wants_compile"]
