@@ -98,7 +98,10 @@ def _div(t, x):
 
 
 def _tangent_tensor(t, like: torch.Tensor) -> torch.Tensor:
-    return torch.full_like(like, t) if not isinstance(t, torch.Tensor) else t
+    """``t`` as a tensor of ``like``'s dtype (a Python float would be torch's default dtype in ``where``)."""
+    if t is None:
+        return torch.zeros((), dtype=like.dtype, device=like.device)
+    return t if isinstance(t, torch.Tensor) else torch.tensor(t, dtype=like.dtype, device=like.device)
 
 
 def _one(args, kwargs, name):
@@ -298,8 +301,7 @@ def _where_rule(args, kwargs, out, tangents):
     ta, tb = tangents[1], tangents[2]
     if ta is None and tb is None:
         return None
-    zero = torch.zeros((), dtype=out.dtype, device=out.device)
-    return torch.where(cond, zero if ta is None else ta, zero if tb is None else tb)
+    return torch.where(cond, _tangent_tensor(ta, out), _tangent_tensor(tb, out))
 
 
 def _extremum(name, pick_first):
@@ -310,9 +312,7 @@ def _extremum(name, pick_first):
         ta, tb = tangents
         if ta is None and tb is None:
             return None
-        zero = torch.zeros((), dtype=out.dtype, device=out.device)
-        ta = zero if ta is None else ta
-        tb = zero if tb is None else tb
+        ta, tb = _tangent_tensor(ta, out), _tangent_tensor(tb, out)
         # autograd's convention: a tie splits the gradient in halves
         return torch.where(pick_first(a, b), ta, torch.where(a == b, (ta + tb) / 2, tb))
 
@@ -335,7 +335,7 @@ def _clamp_rule(args, kwargs, out, tangents):
     if hi is not None:
         keep = keep & (x <= hi)
     return None if tangents[0] is None else torch.where(keep, _tangent_tensor(tangents[0], out),
-                                                        torch.zeros((), dtype=out.dtype, device=out.device))
+                                                        _tangent_tensor(None, out))
 
 
 register_derivative("clip", _clamp_rule)
@@ -364,7 +364,7 @@ def _softplus_rule(args, kwargs, out, tangents):
     if tangents[0] is None:
         return None
     bx = x * beta
-    return _mul(tangents[0], torch.where(bx > threshold, torch.ones_like(out), torch.sigmoid(bx)))
+    return _mul(tangents[0], torch.where(bx > threshold, _tangent_tensor(1.0, out), torch.sigmoid(bx)))
 
 
 @register_derivative("xlogy")

@@ -1,0 +1,304 @@
+"""The fused tier's chunk bodies: forward rules, the compiled body, the autograd fallback, flush-to-zero.
+
+* every registered forward rule against ``torch.func.jvp`` of the op itself (float64);
+* the forward-rule body against the direct estimator at the same seed (value and gradients,
+  learned prior tensors included), and against the autograd body it replaces;
+* the compiled body (``torch.compile``, threshold overridden on small shapes) against the eager
+  one, with chunk-size changes that do not recompile; a failing compiler falls back silently;
+* ``flush_denormals`` restores the caller's setting.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import distributions as D
+
+import mcgraph as mg
+from mcgraph.distributions import ScaleMixtureNormal
+from mcgraph.estimators import derivatives, fused_body
+from mcgraph.estimators.sampling import samples, stream_for
+
+from same_noise_tolerances import TOLERANCES, assert_same
+
+F64 = torch.float64
+
+
+# --------------------------------------------------------------------------- rules against jvp
+
+
+def _pos(n=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(n, generator=g, dtype=F64) * 1.3 + 0.2
+
+
+def _real(n=6, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, generator=g, dtype=F64)
+
+
+_T = torch.Tensor
+#: rule name -> (function, positional args (tensors get tangents), keyword args)
+OPS = {
+    "abs": (torch.abs, (_real(),), {}), "absolute": (torch.absolute, (_real(),), {}),
+    "neg": (torch.neg, (_real(),), {}), "negative": (torch.negative, (_real(),), {}),
+    "exp": (torch.exp, (_real(),), {}), "exp2": (torch.exp2, (_real(),), {}),
+    "expm1": (torch.expm1, (_real(),), {}), "log": (torch.log, (_pos(),), {}),
+    "log2": (torch.log2, (_pos(),), {}), "log10": (torch.log10, (_pos(),), {}),
+    "log1p": (torch.log1p, (_pos(),), {}), "sqrt": (torch.sqrt, (_pos(),), {}),
+    "rsqrt": (torch.rsqrt, (_pos(),), {}), "square": (torch.square, (_real(),), {}),
+    "reciprocal": (torch.reciprocal, (_pos(),), {}), "sin": (torch.sin, (_real(),), {}),
+    "cos": (torch.cos, (_real(),), {}), "tan": (torch.tan, (_real(),), {}), "tanh": (torch.tanh, (_real(),), {}),
+    "sinh": (torch.sinh, (_real(),), {}), "cosh": (torch.cosh, (_real(),), {}),
+    "atan": (torch.atan, (_real(),), {}), "sigmoid": (torch.sigmoid, (_real(),), {}),
+    "relu": (torch.relu, (_real(),), {}), "erf": (torch.erf, (_real(),), {}), "erfc": (torch.erfc, (_real(),), {}),
+    "lgamma": (torch.lgamma, (_pos(),), {}), "digamma": (torch.digamma, (_pos(),), {}),
+    "frac": (torch.frac, (_real() * 3,), {}),
+    "add": (torch.add, (_real(), _pos()), {"alpha": 2.0}), "radd": (_T.__radd__, (_real(), _pos()), {}),
+    "sub": (torch.sub, (_real(), _pos()), {"alpha": 0.5}), "subtract": (torch.subtract, (_real(), _pos()), {}),
+    "rsub": (_T.__rsub__, (_real(), _pos()), {}),
+    "mul": (torch.mul, (_real(), _pos()), {}), "multiply": (torch.multiply, (_real(), _pos()), {}),
+    "rmul": (_T.__rmul__, (_real(), _pos()), {}),
+    "div": (torch.div, (_real(), _pos()), {}), "divide": (torch.divide, (_real(), _pos()), {}),
+    "true_divide": (torch.true_divide, (_real(), _pos()), {}), "truediv": (_T.__truediv__, (_real(), _pos()), {}),
+    "rtruediv": (_T.__rtruediv__, (_pos(), _real()), {}),
+    "pow": (torch.pow, (_pos(), _real()), {}), "rpow": (_T.__rpow__, (_real(), _pos()), {}),
+    "logaddexp": (torch.logaddexp, (_real(), _real(seed=5)), {}),
+    "where": (torch.where, (_real(seed=7) > 0, _real(), _pos()), {}),
+    "maximum": (torch.maximum, (_real(), _real(seed=5)), {}),
+    "minimum": (torch.minimum, (_real(), _real(seed=5)), {}),
+    "clamp": (torch.clamp, (_real(), -0.5, 0.7), {}), "clip": (torch.clip, (_real(), -0.5, 0.7), {}),
+    "clamp_min": (torch.clamp_min, (_real(), -0.2), {}), "clamp_max": (torch.clamp_max, (_real(), 0.3), {}),
+    "softplus": (torch.nn.functional.softplus, (_real() * 3,), {"beta": 2.0, "threshold": 4.0}),
+    "xlogy": (torch.xlogy, (_real(), _pos()), {}),
+    "to": (_T.to, (_real(), F64), {}), "float": (_T.float, (_real().float(),), {}),
+    "double": (_T.double, (_real(),), {}), "type_as": (_T.type_as, (_real(), _pos()), {}),
+    "half": (_T.half, (_real().half(),), {}), "bfloat16": (_T.bfloat16, (_real().bfloat16(),), {}),
+}
+ZERO_RULES = ("sign", "sgn", "floor", "ceil", "round", "trunc", "lt", "le", "gt", "ge", "eq", "ne", "less", "greater",
+              "less_equal", "greater_equal", "not_equal", "logical_and", "logical_or", "logical_not", "isfinite",
+              "isnan", "isinf", "heaviside")
+
+
+def test_every_registered_rule_is_tested():
+    assert set(derivatives.DERIVATIVES) == set(OPS) | set(ZERO_RULES)
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_forward_rule_matches_jvp_of_the_op(name):
+    func, args, kwargs = OPS[name]
+    tensor_pos = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.dtype.is_floating_point]
+    g = torch.Generator().manual_seed(3)
+    tangents = [torch.randn(args[i].shape, generator=g, dtype=F64).to(args[i].dtype) for i in tensor_pos]
+
+    def f(*xs):
+        full = list(args)
+        for i, x in zip(tensor_pos, xs):
+            full[i] = x
+        return func(*full, **kwargs)
+
+    out, expected = torch.func.jvp(f, tuple(args[i] for i in tensor_pos), tuple(tangents))
+    rule_tangents = [None] * len(args)
+    for i, t in zip(tensor_pos, tangents):
+        rule_tangents[i] = t
+    got = derivatives.DERIVATIVES[name](tuple(args), kwargs, func(*args, **kwargs), tuple(rule_tangents))
+    tol = dict(rtol=1e-2, atol=1e-2) if out.dtype in (torch.half, torch.bfloat16) else dict(rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(got, expected, **tol)
+    # one argument at a time: the others carry no tangent
+    for k, i in enumerate(tensor_pos):
+        only = [None] * len(args)
+        only[i] = tangents[k]
+        part = derivatives.DERIVATIVES[name](tuple(args), kwargs, out, tuple(only))
+        _, exp_part = torch.func.jvp(f, tuple(args[j] for j in tensor_pos),
+                                     tuple(t if j == i else torch.zeros_like(t) for j, t in zip(tensor_pos, tangents)))
+        torch.testing.assert_close(torch.zeros_like(exp_part) if part is None else part, exp_part, **tol)
+
+
+@pytest.mark.parametrize("name", ZERO_RULES)
+def test_piecewise_constant_ops_have_zero_tangent(name):
+    assert derivatives.DERIVATIVES[name]((_real(),), {}, _real(), (torch.ones(6, dtype=F64),)) is None
+
+
+def test_a_rule_is_one_registration_and_an_op_without_one_is_not_lowered():
+    node = mg.explain(lambda w: torch.erfinv(torch.tanh(w)), D.Normal(torch.zeros(2), torch.ones(2))).terms[0].node
+    assert derivatives.lower(node) is None
+    assert "erfinv" in derivatives.missing_rule(node)
+    try:
+        derivatives.register_derivative("erfinv", lambda args, kw, out, t: derivatives._mul(
+            t[0], math.sqrt(math.pi) / 2 * torch.exp(out * out)))
+        assert derivatives.lower(node) is not None
+    finally:
+        del derivatives.DERIVATIVES["erfinv"]
+
+
+def test_bad_body_mode_is_named(monkeypatch):
+    monkeypatch.setenv("MCGRAPH_FUSED_BODY", "fast")
+    with pytest.raises(ValueError, match="MCGRAPH_FUSED_BODY"):
+        fused_body.body_mode()
+
+
+# --------------------------------------------------------------------------- same seed as direct
+
+
+def _scale_mixture(dtype):
+    return ScaleMixtureNormal(torch.tensor(0.5, dtype=dtype), torch.tensor(1.0, dtype=dtype),
+                              torch.tensor(math.exp(-6.0), dtype=dtype), validate_args=False)
+
+
+def _learned():
+    """A prior with learned parameters: (prior factory, its leaves)."""
+    mu = torch.tensor([0.1, -0.2, 0.3], dtype=F64, requires_grad=True)
+    log_s = torch.tensor([0.0, 0.2, -0.3], dtype=F64, requires_grad=True)
+    return (lambda: D.Normal(mu, log_s.exp())), [mu, log_s]
+
+
+CASES = {
+    "scale-mixture": lambda dtype: (_scale_mixture(dtype).log_prob, D.Normal, []),
+    "laplace": lambda dtype: (D.Laplace(torch.tensor(0.0, dtype=dtype), torch.tensor(1.0, dtype=dtype)).log_prob,
+                              D.Normal, []),
+    "lognormal-exp": lambda dtype: (lambda w: torch.sigmoid(w) * w.sqrt() + torch.log(w) ** 2 / (1 + w),
+                                    D.LogNormal, []),
+    "where-clamp-pow": lambda dtype: (lambda w: torch.where(w > 0.1, w.clamp(max=0.8) ** 3, torch.exp(-w * w))
+                                      + torch.maximum(w, 0.2 * w), D.Normal, []),
+    "learned-prior": lambda dtype: (lambda w, p=_learned(): (p[0]().log_prob(w).sin(), p[1]), D.Normal, None),
+}
+
+
+def _run(case, dtype, method, M=23, chunk=5):
+    fn, family, extra = CASES[case](dtype)
+    if extra is None:  # the integrand builds its own leaves
+        probe = fn(torch.zeros(3, dtype=dtype))
+        extra = list(probe[1])
+        fn = (lambda f: (lambda w: f(w)[0]))(fn)
+    g = torch.Generator().manual_seed(11)
+    loc = (torch.randn(3, generator=g, dtype=F64) * 0.3).to(dtype).requires_grad_()
+    rho = (torch.randn(3, generator=g, dtype=F64) * 0.2 - 1).to(dtype).requires_grad_()
+    q = family(loc, torch.nn.functional.softplus(rho))
+    y = mg.expectation(fn, q, M, seed=4, method=method, chunk_size=chunk if method != "direct" else None)
+    grads = torch.autograd.grad(y.sum(), [loc, rho] + extra, allow_unused=True)
+    return y.detach(), list(grads), fused_body.last_path()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_forward_rule_body_matches_direct_and_the_autograd_body(case, dtype, monkeypatch):
+    ref = _run(case, dtype, "direct")
+    got = _run(case, dtype, "fused")
+    assert got[2] == "eager"
+    rtol, atol = TOLERANCES[dtype]
+    assert_same(ref[:2], got[:2], rtol, atol, f"{case}/{dtype}", none_is_zero=True)
+    monkeypatch.setenv("MCGRAPH_FUSED_BODY", "autograd")
+    old = _run(case, dtype, "fused")
+    assert old[2] == "autograd"
+    assert_same(old[:2], got[:2], rtol, atol, f"{case}/{dtype} autograd body", none_is_zero=True)
+
+
+def test_an_op_without_a_rule_runs_the_autograd_body_with_the_same_numbers():
+    q = lambda: D.Normal(torch.tensor([0.1, 0.2], dtype=F64, requires_grad=True), torch.ones(2, dtype=F64))  # noqa
+    fn = lambda w: torch.erfinv(torch.tanh(w))  # noqa: E731
+    ref = mg.expectation(fn, q(), 17, seed=2, method="direct")
+    got = mg.expectation(fn, q(), 17, seed=2, method="fused")
+    assert fused_body.last_path() == "autograd"
+    torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-12)
+    assert "no forward rule for `erfinv`" in str(mg.explain(fn, q()))
+
+
+def test_standard_errors_are_fed_by_the_forward_rule_body():
+    q = D.Normal(torch.zeros(4, dtype=F64, requires_grad=True), torch.ones(4, dtype=F64))
+    est = mg.expectation(lambda w: torch.log1p(w.abs()), q, 40, seed=0, method="fused", return_stderr=True)
+    assert fused_body.last_path() == "eager"
+    form = mg.family_of(q)
+    per = torch.log1p(samples(form, stream_for(form, 0, 40).rows(0, 40)).abs())
+    torch.testing.assert_close(est.stderr, per.std(0) / math.sqrt(40))
+
+
+def test_explain_names_the_chunk_body():
+    q = D.Normal(torch.zeros(3), torch.ones(3))
+    text = str(mg.explain(lambda w: torch.log1p(w.abs()), q))
+    assert "chunk body: value and derivatives by forward rules" in text
+    assert "torch.compile" in text
+
+
+# --------------------------------------------------------------------------- the compiled body
+
+
+def _kl_learned_scale_mixture(P=48, M=37, chunk=8):
+    g = torch.Generator().manual_seed(0)
+    loc = (torch.randn(P, generator=g) * 0.1).requires_grad_()
+    rho = torch.full((P,), math.log(math.expm1(0.05))).requires_grad_()
+    log_pi = torch.tensor(-0.5, requires_grad=True)
+    prior = ScaleMixtureNormal(log_pi.exp(), torch.tensor(1.0), torch.tensor(math.exp(-6.0)), validate_args=False)
+    q = D.Normal(loc, torch.nn.functional.softplus(rho))
+    y = mg.kl_divergence(q, prior, M, seed=1, method="fused", chunk_size=chunk).sum()
+    grads = torch.autograd.grad(y, [loc, rho, log_pi])
+    return y.detach(), list(grads), fused_body.last_path()
+
+
+@pytest.mark.skipif(not fused_body.compiler_available(), reason="torch.compile cannot run here")
+def test_compiled_body_matches_eager_and_chunk_sizes_do_not_recompile(monkeypatch):
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("MCGRAPH_FUSED_BODY", "eager")
+    eager = _kl_learned_scale_mixture()
+    monkeypatch.setenv("MCGRAPH_FUSED_BODY", "compiled")
+    compiled = _kl_learned_scale_mixture()
+    assert (eager[2], compiled[2]) == ("eager", "compiled")
+    assert_same(eager[:2], compiled[:2], 2e-5, 2e-5, "compiled vs eager body")
+    graphs = counters["stats"]["unique_graphs"]
+    again = _kl_learned_scale_mixture(M=29, chunk=6)  # other chunk sizes (6 and a last one of 5), other M
+    assert again[2] == "compiled" and counters["stats"]["unique_graphs"] == graphs
+    # the threshold: under it, auto runs the eager body
+    monkeypatch.setenv("MCGRAPH_FUSED_BODY", "auto")
+    assert _kl_learned_scale_mixture()[2] == "eager"
+    monkeypatch.setattr(fused_body, "COMPILE_MIN_ELEMENTS", 48 * 37)
+    assert _kl_learned_scale_mixture()[2] == "compiled"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not fused_body.compiler_available(), reason="torch.compile cannot run here")
+@pytest.mark.parametrize("case", ["laplace", "lognormal-exp", "where-clamp-pow"])
+def test_compiled_body_matches_direct(case, monkeypatch):
+    ref = _run(case, torch.float32, "direct", M=40, chunk=7)
+    monkeypatch.setenv("MCGRAPH_FUSED_BODY", "compiled")
+    got = _run(case, torch.float32, "fused", M=40, chunk=7)
+    assert got[2] == "compiled"
+    assert_same(ref[:2], got[:2], *TOLERANCES[torch.float32], case, none_is_zero=True)
+
+
+@pytest.mark.parametrize("where", ["compile", "call"])
+def test_a_failing_compiler_falls_back_to_the_eager_body(where, monkeypatch):
+    def broken(*args, **kwargs):
+        if where == "compile":
+            raise RuntimeError("no compiler")
+        return lambda *a: (_ for _ in ()).throw(RuntimeError("compiled code failed"))
+
+    monkeypatch.setattr(fused_body, "_COMPILED", {})
+    monkeypatch.setattr(torch, "compile", broken)
+    monkeypatch.setattr(fused_body, "compiler_available", lambda: True)
+    monkeypatch.setenv("MCGRAPH_FUSED_BODY", "eager")
+    eager = _kl_learned_scale_mixture()
+    monkeypatch.setenv("MCGRAPH_FUSED_BODY", "compiled")
+    fallback = _kl_learned_scale_mixture()
+    assert fallback[2] == "eager"
+    assert_same(eager[:2], fallback[:2], 0, 0, "fallback")
+
+
+# --------------------------------------------------------------------------- flush to zero
+
+
+def test_flush_denormals_restores_the_callers_setting():
+    tiny = torch.tensor([1e-40], dtype=torch.float32)
+    if not torch.set_flush_denormal(False):
+        pytest.skip("this CPU cannot flush denormals")
+    with fused_body.flush_denormals():
+        assert float(tiny * 1.0) == 0.0
+    assert float(tiny * 1.0) != 0.0
+    torch.set_flush_denormal(True)
+    try:
+        with fused_body.flush_denormals():
+            pass
+        assert float(tiny * 1.0) == 0.0  # it was on before: still on
+    finally:
+        torch.set_flush_denormal(False)
