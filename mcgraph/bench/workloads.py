@@ -177,6 +177,10 @@ register_kl_pair(KLPair(
     lambda m, s: Normal(m, s, validate_args=False),
     lambda d, t: ScaleMixtureNormal(_t(0.5, d, t), _t(1.0, d, t), _t(math.exp(-6.0), d, t), validate_args=False)))
 register_kl_pair(KLPair(
+    "normal-laplace", "Normal q, Laplace(0, 1) prior",
+    lambda m, s: Normal(m, s, validate_args=False),
+    lambda d, t: Laplace(_t(0.0, d, t), _t(1.0, d, t), validate_args=False)))
+register_kl_pair(KLPair(
     "lognormal-gamma", "LogNormal q, Gamma(2, 2) prior",
     lambda m, s: LogNormal(m, s, validate_args=False),
     lambda d, t: Gamma(_t(2.0, d, t), _t(2.0, d, t), validate_args=False), loc_mean=-0.5))

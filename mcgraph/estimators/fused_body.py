@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import types
 from dataclasses import dataclass
 
 import torch
@@ -253,7 +254,8 @@ def run_chunk(spec: BodySpec, compile_: bool, xi, loc, scale, tensors):
         if fn is not None:
             try:
                 torch._dynamo.mark_dynamic(xi, 0)
-                out = fn(xi, loc, scale, *tensors)
+                with torch.no_grad():  # one grad mode: dynamo guards on it
+                    out = fn(xi, loc, scale, *tensors)
                 _set_path("compiled")
                 return out
             except Exception:  # the compiler or a guard failed: this program runs eagerly from now on
@@ -264,9 +266,18 @@ def run_chunk(spec: BodySpec, compile_: bool, xi, loc, scale, tensors):
 
 
 def _compiled(spec: BodySpec):
+    """The compiled body of ``spec`` (``None`` where compiling failed), compiled on its first call.
+
+    Each spec gets its own code object: dynamo keeps a bounded number of compiled entries per
+    code object (its recompile limit), which programs sharing one would exhaust. An entry is
+    compiled per torch thread count (Inductor's C++ is specialised to it) and reused after.
+    """
     if spec not in _COMPILED:
         try:
-            _COMPILED[spec] = torch.compile(make_body(spec, compiled=True), fullgraph=True)
+            fn = make_body(spec, compiled=True)
+            code = fn.__code__.replace(co_name=f"fused_chunk_body_{len(_COMPILED)}")
+            fn = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+            _COMPILED[spec] = torch.compile(fn, fullgraph=True)
         except Exception:
             _COMPILED[spec] = None
     return _COMPILED[spec]
