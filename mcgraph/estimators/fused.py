@@ -10,8 +10,10 @@ per-element derivatives
     \\frac{\\partial y}{\\partial c} = \\frac1M\\sum_i \\partial_c h(w_i; c),
 
 with ``h̃ = h ∘ T``. The forward pass accumulates ``y`` and these means chunk by
-chunk (each chunk's ``h̃'`` by a local autograd call on chunk-sized tensors),
-so the Function saves O(P) tensors whatever M is. VJP (backward): for an
+chunk, so the Function saves O(P) tensors whatever M is. A chunk's sums come from one
+body (:mod:`mcgraph.estimators.fused_body`) that evaluates ``h`` with its forward-mode
+derivatives (:mod:`mcgraph.estimators.derivatives`), compiled for large calls; a program
+with an op that has no forward rule takes a local autograd call on chunk-sized tensors. VJP (backward): for an
 upstream gradient ``g`` of y's shape, ``grad_x = sum_to_size(g · ∂y/∂x, x.shape)``.
 """
 
