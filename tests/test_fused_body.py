@@ -50,21 +50,22 @@ OPS = {
     "log1p": (torch.log1p, (_pos(),), {}), "sqrt": (torch.sqrt, (_pos(),), {}),
     "rsqrt": (torch.rsqrt, (_pos(),), {}), "square": (torch.square, (_real(),), {}),
     "reciprocal": (torch.reciprocal, (_pos(),), {}), "sin": (torch.sin, (_real(),), {}),
-    "cos": (torch.cos, (_real(),), {}), "tan": (torch.tan, (_real(),), {}), "tanh": (torch.tanh, (_real(),), {}),
-    "sinh": (torch.sinh, (_real(),), {}), "cosh": (torch.cosh, (_real(),), {}),
-    "atan": (torch.atan, (_real(),), {}), "sigmoid": (torch.sigmoid, (_real(),), {}),
-    "relu": (torch.relu, (_real(),), {}), "erf": (torch.erf, (_real(),), {}), "erfc": (torch.erfc, (_real(),), {}),
+    "cos": (torch.cos, (_real(),), {}), "tan": (torch.tan, (_real(),), {}),
+    "tanh": (torch.tanh, (_real(),), {}), "sinh": (torch.sinh, (_real(),), {}),
+    "cosh": (torch.cosh, (_real(),), {}), "atan": (torch.atan, (_real(),), {}),
+    "sigmoid": (torch.sigmoid, (_real(),), {}), "relu": (torch.relu, (_real(),), {}),
+    "erf": (torch.erf, (_real(),), {}), "erfc": (torch.erfc, (_real(),), {}),
     "lgamma": (torch.lgamma, (_pos(),), {}), "digamma": (torch.digamma, (_pos(),), {}),
-    "frac": (torch.frac, (_real() * 3,), {}),
-    "add": (torch.add, (_real(), _pos()), {"alpha": 2.0}), "radd": (_T.__radd__, (_real(), _pos()), {}),
-    "sub": (torch.sub, (_real(), _pos()), {"alpha": 0.5}), "subtract": (torch.subtract, (_real(), _pos()), {}),
-    "rsub": (_T.__rsub__, (_real(), _pos()), {}),
+    "frac": (torch.frac, (_real() * 3,), {}), "add": (torch.add, (_real(), _pos()), {"alpha": 2.0}),
+    "radd": (_T.__radd__, (_real(), _pos()), {}), "sub": (torch.sub, (_real(), _pos()), {"alpha": 0.5}),
+    "subtract": (torch.subtract, (_real(), _pos()), {}), "rsub": (_T.__rsub__, (_real(), _pos()), {}),
     "mul": (torch.mul, (_real(), _pos()), {}), "multiply": (torch.multiply, (_real(), _pos()), {}),
-    "rmul": (_T.__rmul__, (_real(), _pos()), {}),
-    "div": (torch.div, (_real(), _pos()), {}), "divide": (torch.divide, (_real(), _pos()), {}),
-    "true_divide": (torch.true_divide, (_real(), _pos()), {}), "truediv": (_T.__truediv__, (_real(), _pos()), {}),
-    "rtruediv": (_T.__rtruediv__, (_pos(), _real()), {}),
-    "pow": (torch.pow, (_pos(), _real()), {}), "rpow": (_T.__rpow__, (_real(), _pos()), {}),
+    "rmul": (_T.__rmul__, (_real(), _pos()), {}), "div": (torch.div, (_real(), _pos()), {}),
+    "divide": (torch.divide, (_real(), _pos()), {}),
+    "true_divide": (torch.true_divide, (_real(), _pos()), {}),
+    "truediv": (_T.__truediv__, (_real(), _pos()), {}),
+    "rtruediv": (_T.__rtruediv__, (_pos(), _real()), {}), "pow": (torch.pow, (_pos(), _real()), {}),
+    "rpow": (_T.__rpow__, (_real(), _pos()), {}),
     "logaddexp": (torch.logaddexp, (_real(), _real(seed=5)), {}),
     "where": (torch.where, (_real(seed=7) > 0, _real(), _pos()), {}),
     "maximum": (torch.maximum, (_real(), _real(seed=5)), {}),
@@ -72,14 +73,14 @@ OPS = {
     "clamp": (torch.clamp, (_real(), -0.5, 0.7), {}), "clip": (torch.clip, (_real(), -0.5, 0.7), {}),
     "clamp_min": (torch.clamp_min, (_real(), -0.2), {}), "clamp_max": (torch.clamp_max, (_real(), 0.3), {}),
     "softplus": (torch.nn.functional.softplus, (_real() * 3,), {"beta": 2.0, "threshold": 4.0}),
-    "xlogy": (torch.xlogy, (_real(), _pos()), {}),
-    "to": (_T.to, (_real(), F64), {}), "float": (_T.float, (_real().float(),), {}),
-    "double": (_T.double, (_real(),), {}), "type_as": (_T.type_as, (_real(), _pos()), {}),
-    "half": (_T.half, (_real().half(),), {}), "bfloat16": (_T.bfloat16, (_real().bfloat16(),), {}),
+    "xlogy": (torch.xlogy, (_real(), _pos()), {}), "to": (_T.to, (_real(), F64), {}),
+    "float": (_T.float, (_real().float(),), {}), "double": (_T.double, (_real(),), {}),
+    "type_as": (_T.type_as, (_real(), _pos()), {}), "half": (_T.half, (_real().half(),), {}),
+    "bfloat16": (_T.bfloat16, (_real().bfloat16(),), {}),
 }
-ZERO_RULES = ("sign", "sgn", "floor", "ceil", "round", "trunc", "lt", "le", "gt", "ge", "eq", "ne", "less", "greater",
-              "less_equal", "greater_equal", "not_equal", "logical_and", "logical_or", "logical_not", "isfinite",
-              "isnan", "isinf", "heaviside")
+ZERO_RULES = ("sign", "sgn", "floor", "ceil", "round", "trunc", "lt", "le", "gt", "ge", "eq", "ne", "less",
+              "greater", "less_equal", "greater_equal", "not_equal", "logical_and", "logical_or",
+              "logical_not", "isfinite", "isnan", "isinf", "heaviside")
 
 
 def test_every_registered_rule_is_tested():
@@ -104,15 +105,16 @@ def test_forward_rule_matches_jvp_of_the_op(name):
     for i, t in zip(tensor_pos, tangents):
         rule_tangents[i] = t
     got = derivatives.DERIVATIVES[name](tuple(args), kwargs, func(*args, **kwargs), tuple(rule_tangents))
-    tol = dict(rtol=1e-2, atol=1e-2) if out.dtype in (torch.half, torch.bfloat16) else dict(rtol=1e-10, atol=1e-12)
+    low_precision = out.dtype in (torch.half, torch.bfloat16)
+    tol = dict(rtol=1e-2, atol=1e-2) if low_precision else dict(rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(got, expected, **tol)
     # one argument at a time: the others carry no tangent
     for k, i in enumerate(tensor_pos):
         only = [None] * len(args)
         only[i] = tangents[k]
         part = derivatives.DERIVATIVES[name](tuple(args), kwargs, out, tuple(only))
-        _, exp_part = torch.func.jvp(f, tuple(args[j] for j in tensor_pos),
-                                     tuple(t if j == i else torch.zeros_like(t) for j, t in zip(tensor_pos, tangents)))
+        one_tangent = tuple(t if j == i else torch.zeros_like(t) for j, t in zip(tensor_pos, tangents))
+        _, exp_part = torch.func.jvp(f, tuple(args[j] for j in tensor_pos), one_tangent)
         torch.testing.assert_close(torch.zeros_like(exp_part) if part is None else part, exp_part, **tol)
 
 
@@ -122,7 +124,8 @@ def test_piecewise_constant_ops_have_zero_tangent(name):
 
 
 def test_a_rule_is_one_registration_and_an_op_without_one_is_not_lowered():
-    node = mg.explain(lambda w: torch.erfinv(torch.tanh(w)), D.Normal(torch.zeros(2), torch.ones(2))).terms[0].node
+    q = D.Normal(torch.zeros(2), torch.ones(2))
+    node = mg.explain(lambda w: torch.erfinv(torch.tanh(w)), q).terms[0].node
     assert derivatives.lower(node) is None
     assert "erfinv" in derivatives.missing_rule(node)
     try:
@@ -156,8 +159,8 @@ def _learned():
 
 CASES = {
     "scale-mixture": lambda dtype: (_scale_mixture(dtype).log_prob, D.Normal, []),
-    "laplace": lambda dtype: (D.Laplace(torch.tensor(0.0, dtype=dtype), torch.tensor(1.0, dtype=dtype)).log_prob,
-                              D.Normal, []),
+    "laplace": lambda dtype: (D.Laplace(torch.tensor(0.0, dtype=dtype),
+                                        torch.tensor(1.0, dtype=dtype)).log_prob, D.Normal, []),
     "lognormal-exp": lambda dtype: (lambda w: torch.sigmoid(w) * w.sqrt() + torch.log(w) ** 2 / (1 + w),
                                     D.LogNormal, []),
     "where-clamp-pow": lambda dtype: (lambda w: torch.where(w > 0.1, w.clamp(max=0.8) ** 3, torch.exp(-w * w))
@@ -196,7 +199,9 @@ def test_forward_rule_body_matches_direct_and_the_autograd_body(case, dtype, mon
 
 
 def test_an_op_without_a_rule_runs_the_autograd_body_with_the_same_numbers():
-    q = lambda: D.Normal(torch.tensor([0.1, 0.2], dtype=F64, requires_grad=True), torch.ones(2, dtype=F64))  # noqa
+    def q():
+        return D.Normal(torch.tensor([0.1, 0.2], dtype=F64, requires_grad=True), torch.ones(2, dtype=F64))
+
     fn = lambda w: torch.erfinv(torch.tanh(w))  # noqa: E731
     ref = mg.expectation(fn, q(), 17, seed=2, method="direct")
     got = mg.expectation(fn, q(), 17, seed=2, method="fused")
@@ -229,7 +234,8 @@ def _kl_learned_scale_mixture(P=48, M=37, chunk=8):
     loc = (torch.randn(P, generator=g) * 0.1).requires_grad_()
     rho = torch.full((P,), math.log(math.expm1(0.05))).requires_grad_()
     log_pi = torch.tensor(-0.5, requires_grad=True)
-    prior = ScaleMixtureNormal(log_pi.exp(), torch.tensor(1.0), torch.tensor(math.exp(-6.0)), validate_args=False)
+    prior = ScaleMixtureNormal(log_pi.exp(), torch.tensor(1.0), torch.tensor(math.exp(-6.0)),
+                               validate_args=False)
     q = D.Normal(loc, torch.nn.functional.softplus(rho))
     y = mg.kl_divergence(q, prior, M, seed=1, method="fused", chunk_size=chunk).sum()
     grads = torch.autograd.grad(y, [loc, rho, log_pi])
@@ -309,3 +315,19 @@ def test_flush_denormals_restores_the_callers_setting():
         assert float(tiny * 1.0) == 0.0  # it was on before: still on
     finally:
         torch.set_flush_denormal(False)
+
+
+def test_programs_with_the_same_structure_share_a_key():
+    """The compile cache's key: tensor values are inputs (a learned prior reuses its compiled body),
+    Python literals are part of the program."""
+    q = D.Normal(torch.zeros(3), torch.ones(3))
+
+    def key(fn):
+        node = next(t.node for t in mg.explain(fn, q).terms if t.node is not None)
+        return derivatives.lower(node).key()
+
+    laplace = lambda loc: D.Laplace(torch.tensor(loc), torch.tensor(1.0)).log_prob  # noqa: E731
+    assert key(laplace(0.1)) == key(laplace(0.7))
+    nan_clamp = lambda: (lambda w: torch.clamp(w, min=float("nan")).exp())  # noqa: E731
+    assert key(nan_clamp()) == key(nan_clamp())
+    assert key(lambda w: torch.clamp(w, min=0.5).exp()) != key(lambda w: torch.clamp(w, min=0.25).exp())

@@ -163,8 +163,8 @@ _unary("lgamma", lambda x, out: torch.digamma(x))
 _unary("digamma", lambda x, out: torch.polygamma(1, x))
 _linear_unary("frac", 1.0)
 for _name in ("sign", "sgn", "floor", "ceil", "round", "trunc", "lt", "le", "gt", "ge", "eq", "ne", "less",
-              "greater", "less_equal", "greater_equal", "not_equal", "logical_and", "logical_or", "logical_not",
-              "isfinite", "isnan", "isinf", "heaviside"):
+              "greater", "less_equal", "greater_equal", "not_equal", "logical_and", "logical_or",
+              "logical_not", "isfinite", "isnan", "isinf", "heaviside"):
     _zero(_name)
 
 
@@ -327,7 +327,7 @@ _extremum("minimum", lambda a, b: a < b)
 def _clamp_rule(args, kwargs, out, tangents):
     x, lo, hi = (list(args) + [None, None])[:3]
     lo, hi = kwargs.get("min", lo), kwargs.get("max", hi)
-    if any(t is not None for t in tangents[1:]) or isinstance(lo, torch.Tensor) or isinstance(hi, torch.Tensor):
+    if any(t is not None for t in tangents[1:]) or any(isinstance(b, torch.Tensor) for b in (lo, hi)):
         raise NoRule("clamp with tensor bounds")
     keep = torch.ones_like(x, dtype=torch.bool)
     if lo is not None:
@@ -396,6 +396,7 @@ for _name in ("to", "float", "double", "type_as", "half", "bfloat16"):
 
 
 _LITERALS = (int, float, bool, str, type(None), torch.dtype, torch.device)
+_NAN = float("nan")
 
 
 @dataclass(frozen=True)
@@ -450,6 +451,8 @@ def _lower(node: Node) -> Lowered:
                 index[id(x)] = len(tensors)
                 tensors.append(x)
             return ("slot", index[id(x)])
+        if isinstance(x, float) and math.isnan(x):
+            return ("lit", _NAN)  # one NaN object: equal keys (nan != nan) for the compile cache
         if isinstance(x, _LITERALS):
             return ("lit", x)
         raise NoRule(f"an argument of type {type(x).__name__}")

@@ -92,9 +92,9 @@ def _body_spec(spec: FusedSpec, want: list) -> fused_body.BodySpec | None:
     if transform is None:
         return None
     slots = [spec.lowered.slot_of(c) for c, w in zip(spec.captured, want[2:]) if w]
-    return fused_body.BodySpec(spec.lowered.tree, spec.lowered.key()[1], tuple(spec.out_shape), form.loc is None,
-                               transform, bool(want[0]), bool(want[1]), tuple(slots), len(spec.out_shape) == 0,
-                               spec.moments is not None)
+    return fused_body.BodySpec(
+        spec.lowered.tree, spec.lowered.key()[1], tuple(spec.out_shape), form.loc is None, transform,
+        bool(want[0]), bool(want[1]), tuple(slots), len(spec.out_shape) == 0, spec.moments is not None)
 
 
 def _spread(sums: tuple, want: list) -> tuple:
@@ -179,7 +179,8 @@ class FusedElementwiseMC(torch.autograd.Function):
             for _, _, xi in rows:
                 if body is not None:
                     try:
-                        sums = _spread(fused_body.run_chunk(body, compile_, xi, loc_d, scale_d, tensors), want)
+                        sums = fused_body.run_chunk(body, compile_, xi, loc_d, scale_d, tensors)
+                        sums = _spread(sums, want)
                     except NoRule:  # an argument combination no forward rule covers: autograd from here on
                         body = None
                 if body is None:
@@ -231,6 +232,6 @@ def fused_value(form: SamplingForm, node: Node, out_shape, seed: int, num_sample
     from ..integrands import captured_tensors
 
     captured = captured_tensors(node)
-    spec = FusedSpec(form, node, captured, seed, num_samples, chunk_size, torch.Size(out_shape), moments, shard,
-                     lower(node))
+    spec = FusedSpec(form, node, captured, seed, num_samples, chunk_size, torch.Size(out_shape), moments,
+                     shard, lower(node))
     return FusedElementwiseMC.apply(spec, form.loc, form.scale, *captured)

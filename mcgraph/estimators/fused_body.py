@@ -61,7 +61,7 @@ def _set_path(path: str) -> None:
 
 
 def body_mode() -> str:
-    """``auto`` | ``eager`` | ``compiled`` | ``autograd``, from ``MCGRAPH_FUSED_BODY`` (``auto`` when unset)."""
+    """``auto`` | ``eager`` | ``compiled`` | ``autograd``, from ``MCGRAPH_FUSED_BODY`` (default ``auto``)."""
     mode = os.environ.get(_ENV, "auto").strip().lower() or "auto"
     if mode not in _MODES:
         raise ValueError(f"{_ENV} must be one of {', '.join(_MODES)}, got {mode!r}")
