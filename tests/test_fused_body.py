@@ -249,7 +249,7 @@ def _needs_compiler():
         pytest.skip("torch.compile cannot run here")
 
 
-def test_compiled_body_matches_eager_and_chunk_sizes_do_not_recompile(monkeypatch):
+def test_compiled_body_matches_eager_and_sizes_do_not_recompile(monkeypatch):
     _needs_compiler()
     from torch._dynamo.utils import counters
 
@@ -262,6 +262,8 @@ def test_compiled_body_matches_eager_and_chunk_sizes_do_not_recompile(monkeypatc
     graphs = counters["stats"]["unique_graphs"]
     again = _kl_learned_scale_mixture(M=29, chunk=6)  # other chunk sizes (6 and a last one of 5), other M
     assert again[2] == "compiled" and counters["stats"]["unique_graphs"] == graphs
+    other = _kl_learned_scale_mixture(P=40)  # another layer's size: the same compiled body
+    assert other[2] == "compiled" and counters["stats"]["unique_graphs"] == graphs
     # the threshold: under it, auto runs the eager body
     monkeypatch.setenv("MCGRAPH_FUSED_BODY", "auto")
     assert _kl_learned_scale_mixture()[2] == "eager"

@@ -414,8 +414,9 @@ class Lowered:
     tensors: tuple
 
     def key(self) -> tuple:
-        """The program's structure and its tensors' dtypes and shapes: what a compiled body depends on."""
-        return self.tree, tuple((t.dtype, tuple(t.shape), t.device.type) for t in self.tensors)
+        """The program's structure and its tensors' dtypes and ranks: what a compiled body depends on
+        (not their values, nor their sizes: compiled bodies take any size)."""
+        return self.tree, tuple((t.dtype, t.dim(), t.device.type) for t in self.tensors)
 
     def slot_of(self, tensor: torch.Tensor) -> int:
         for k, t in enumerate(self.tensors):

@@ -93,7 +93,7 @@ def _body_spec(spec: FusedSpec, want: list) -> fused_body.BodySpec | None:
         return None
     slots = [spec.lowered.slot_of(c) for c, w in zip(spec.captured, want[2:]) if w]
     return fused_body.BodySpec(
-        spec.lowered.tree, spec.lowered.key()[1], tuple(spec.out_shape), form.loc is None, transform,
+        spec.lowered.tree, spec.lowered.key()[1], len(spec.out_shape), form.loc is None, transform,
         bool(want[0]), bool(want[1]), tuple(slots), len(spec.out_shape) == 0, spec.moments is not None)
 
 

@@ -10,7 +10,9 @@ For noise rows ``ξ`` (shape ``(n, *noise_shape)``) a body computes ``u = loc + 
 with no autograd graph. Where a compiler works, the body is compiled once per (program
 structure, shapes, dtypes, wanted derivatives) with ``torch.compile`` (Inductor; on CPU it
 emits vectorised C++), the row axis marked dynamic so that chunk sizes do not recompile.
-Compiling takes seconds to tens of seconds, so it is used only when one call has at least
+Shapes are dynamic (one compile serves every size of a program of the same ranks: the layers
+of a network, the last chunk). Compiling takes seconds to tens of seconds, so it is used only
+when one call has at least
 :data:`COMPILE_MIN_ELEMENTS` sample elements (``M · numel(h)``); smaller calls, and every call
 where compiling fails, run the same body eagerly (same numbers within float rounding).
 
@@ -140,8 +142,8 @@ class BodySpec:
 
     Attributes:
         tree: the lowered program (:attr:`Lowered.tree`).
-        slots: ``(dtype, shape, device type)`` of each program tensor.
-        out_shape: shape of ``h`` for one sample.
+        slots: ``(dtype, rank, device type)`` of each program tensor.
+        out_ndim: the rank of ``h`` for one sample (sizes come from the inputs).
         scaling: the form has no location (``u = scale·ξ``).
         transform: ``""`` or ``"exp"``: ``w = u`` or ``w = exp(u)``.
         want_loc, want_scale: the derivatives in loc / scale are wanted.
@@ -152,7 +154,7 @@ class BodySpec:
 
     tree: tuple
     slots: tuple
-    out_shape: tuple
+    out_ndim: int
     scaling: bool
     transform: str
     want_loc: bool
@@ -182,8 +184,7 @@ def make_body(spec: BodySpec, compiled: bool):
     Sums of derivatives not wanted are ``None``. Raises :class:`NoRule` (eagerly) where a rule
     does not cover an argument combination.
     """
-    out_shape = spec.out_shape
-    ndim = len(out_shape)
+    ndim = spec.out_ndim
     row_sum = (lambda x: x.sum(0)) if compiled else _row_sum
     want_u = spec.want_loc or spec.want_scale
 
@@ -205,10 +206,11 @@ def make_body(spec: BodySpec, compiled: bool):
 
     def body(xi, loc, scale, *tensors):
         n = xi.shape[0]
-        full = (n,) + tuple(out_shape)
         u = scale * xi
         if not spec.scaling:
             u = loc + u
+        # h's shape for one sample: the sample's broadcast with the program's tensors
+        full = (n,) + tuple(torch.broadcast_shapes(u.shape[1:], *(t.shape for t in tensors)))
         u = _align(u, ndim)
         w = u.exp() if spec.transform == "exp" else u
         # directions: d/dw (then times dw/du, the chain rule), then one per wanted captured tensor
@@ -253,7 +255,6 @@ def run_chunk(spec: BodySpec, compile_: bool, xi, loc, scale, tensors):
         fn = _compiled(spec)
         if fn is not None:
             try:
-                torch._dynamo.mark_dynamic(xi, 0)
                 with torch.no_grad():  # one grad mode: dynamo guards on it
                     out = fn(xi, loc, scale, *tensors)
                 _set_path("compiled")
@@ -277,7 +278,7 @@ def _compiled(spec: BodySpec):
             fn = make_body(spec, compiled=True)
             code = fn.__code__.replace(co_name=f"fused_chunk_body_{len(_COMPILED)}")
             fn = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
-            _COMPILED[spec] = torch.compile(fn, fullgraph=True)
+            _COMPILED[spec] = torch.compile(fn, fullgraph=True, dynamic=True)
         except Exception:
             _COMPILED[spec] = None
     return _COMPILED[spec]
