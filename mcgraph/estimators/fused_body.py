@@ -189,7 +189,7 @@ def make_body(spec: BodySpec, compiled: bool):
     want_u = spec.want_loc or spec.want_scale
 
     def evaluate(w, w_tangents, tensors, slot_tangents):
-        if spec.scalar and not compiled:
+        if spec.scalar:
             # torch's 0-d promotion: h of one scalar sample, batched as fn's (see fused._evaluate)
             def one(x):
                 v, ts = dual(spec.tree, x, w_tangents, tensors, slot_tangents)
@@ -251,7 +251,8 @@ def make_body(spec: BodySpec, compiled: bool):
 
 def run_chunk(spec: BodySpec, compile_: bool, xi, loc, scale, tensors):
     """One chunk's sums by the compiled body (when asked and it works) or the eager one."""
-    if compile_ and xi.shape[0] > 1 and not spec.keep_h:
+    # eager only: per-sample h (standard errors), a scalar sample (h under vmap), single rows
+    if compile_ and xi.shape[0] > 1 and not spec.keep_h and not spec.scalar:
         fn = _compiled(spec)
         if fn is not None:
             try:
