@@ -172,10 +172,11 @@ class FusedElementwiseMC(torch.autograd.Function):
 
             rows = window_chunks(stream, spec.chunk_size, *spec.shard.stream_window(stream, spec.num_samples))
         body = _body_spec(spec, want)
-        compile_ = body is not None and fused_body.wants_compile(spec.num_samples * math.prod(out_shape),
-                                                                 form.device)
+        elements = spec.num_samples * math.prod(out_shape)
+        compile_ = body is not None and fused_body.wants_compile(elements, form.device)
+        flush = fused_body.FLUSH_DENORMALS and elements >= fused_body.FLUSH_MIN_ELEMENTS
         tensors = tuple(t.detach() for t in spec.lowered.tensors) if body is not None else ()
-        with fused_body.flush_denormals(fused_body.FLUSH_DENORMALS):
+        with fused_body.flush_denormals(flush):
             for _, _, xi in rows:
                 if body is not None:
                     try:

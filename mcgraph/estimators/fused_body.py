@@ -44,8 +44,10 @@ from .derivatives import Lowered, NoRule, dual
 #: compiling costs ~5–50 s on a 2-core machine, an eager pass over 2^23 elements ~0.3–0.5 s.
 COMPILE_MIN_ELEMENTS = 1 << 23
 
-#: Flush denormals to zero while the chunk bodies run (see :func:`flush_denormals`).
+#: Flush denormals to zero while the chunk bodies of calls from :data:`FLUSH_MIN_ELEMENTS` sample
+#: elements on run (see :func:`flush_denormals`); smaller calls skip the probe and the switch.
 FLUSH_DENORMALS = True
+FLUSH_MIN_ELEMENTS = 1 << 16
 
 _ENV = "MCGRAPH_FUSED_BODY"
 _MODES = ("auto", "eager", "compiled", "autograd")
