@@ -102,9 +102,12 @@ def describe(lowered: Lowered | None, reason: str = "") -> str:
         return f"a local autograd call per chunk ({why})"
     if mode == "eager":
         return f"value and derivatives by forward rules in one pass (eager; {_ENV}=eager)"
-    when = "always" if mode == "compiled" else f"when M·numel(h) ≥ {COMPILE_MIN_ELEMENTS:,}".replace(",", " ")
-    return (f"value and derivatives by forward rules in one pass; compiled with torch.compile {when} "
-            "and a compiler works, eager otherwise")
+    if mode == "compiled":
+        when = f"({_ENV}=compiled) where a compiler works"
+    else:
+        when = f"when M·numel(h) ≥ {COMPILE_MIN_ELEMENTS:,} and a compiler works".replace(",", " ")
+    return f"value and derivatives by forward rules in one pass; compiled with torch.compile {when}, " \
+           "eager otherwise"
 
 
 # --------------------------------------------------------------------------- flush to zero
