@@ -1,0 +1,100 @@
+"""The compiled CPU Philox sampler against ``torch.randn``, side by side in one process.
+
+For each P (elements) and thread count, the same M·P standard normals are
+
+* ``randn`` — drawn by ``torch.randn`` alone, in the engine's noise blocks
+  (:func:`mcgraph.bench.workloads.randn_floor`: the sampling floor, no reduction);
+* ``torch-stats`` — what the collapsed tier does on the torch stream: the seeded noise
+  blocks plus the statistics mean ξ, mean ξ² (:func:`mcgraph.noise.noise_statistics`);
+* ``philox-stats`` — the compiled stream's statistics (:func:`mcgraph.cpu_philox.statistics`):
+  drawn and reduced in one parallel loop, the noise never materialised.
+
+Each repeat runs the three back to back, rotating which goes first; the best time of each is
+reported with the ratios ``randn / philox-stats`` (target ≥ 1.5 on 2 cores) and
+``torch-stats / philox-stats``, and the load average before and after. Rows go to ``--out``
+(JSON lines).
+
+Usage (from the repository root)::
+
+    PYTHONPATH=. python bench/cpu_philox.py --params 16384 --samples 1000 --threads 1,2 --repeats 7
+    PYTHONPATH=. python bench/cpu_philox.py --params 11200000 --samples 20 --threads 1,2 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import time
+
+import torch
+
+from mcgraph import cpu_philox
+from mcgraph.bench.workloads import randn_floor
+from mcgraph.noise import BlockStream, noise_statistics, rows_per_block
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def _torch_stats(P: int, M: int, seed: int) -> None:
+    block = rows_per_block(P, M)
+    stream = BlockStream(lambda n, out=None: torch.randn((n, P), out=out) if out is not None else torch.randn((n, P)),
+                         M, block, seed, torch.device("cpu"), owns_rows=True)
+    noise_statistics(stream, ((1, 0), (2, 0)), block, torch.float32)
+
+
+def run(P: int, M: int, threads: int, repeats: int) -> dict:
+    torch.set_num_threads(threads)
+    fns = {
+        "randn": lambda: randn_floor(P, M),
+        "torch-stats": lambda: _torch_stats(P, M, 0),
+        "philox-stats": lambda: cpu_philox.statistics("normal", (P,), M, 0, [(1, 0), (2, 0)]),
+    }
+    names = list(fns)
+    best = {n: float("inf") for n in names}
+    load_before = os.getloadavg()[0]
+    for rep in range(repeats):
+        order = names[rep % len(names):] + names[:rep % len(names)]
+        for name in order:
+            t0 = time.perf_counter()
+            fns[name]()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return {"P": P, "M": M, "threads": threads, **{f"seconds_{n}": best[n] for n in names},
+            "randn_over_philox": best["randn"] / best["philox-stats"],
+            "torch_stats_over_philox": best["torch-stats"] / best["philox-stats"],
+            "load_before": load_before, "load_after": os.getloadavg()[0], "isa": cpu_philox.isa(),
+            "torch": torch.__version__, "commit": _commit()}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--params", default="16384", help="comma-separated P values")
+    ap.add_argument("--samples", type=int, default=1000, help="M")
+    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default=None, help="JSON-lines file to append rows to")
+    args = ap.parse_args(argv)
+    if cpu_philox.extension() is None:
+        raise SystemExit(f"the CPU Philox library could not be built: {cpu_philox.unavailable_reason()}")
+    for P in (int(p) for p in args.params.split(",")):
+        for threads in (int(t) for t in args.threads.split(",")):
+            row = run(P, args.samples, threads, args.repeats)
+            print(f"P={P} M={args.samples} threads={threads}: randn {row['seconds_randn'] * 1e3:.1f} ms, "
+                  f"torch-stats {row['seconds_torch-stats'] * 1e3:.1f} ms, "
+                  f"philox-stats {row['seconds_philox-stats'] * 1e3:.1f} ms → randn/philox "
+                  f"{row['randn_over_philox']:.2f}×, torch-stats/philox {row['torch_stats_over_philox']:.2f}× "
+                  f"(load {row['load_before']:.2f} → {row['load_after']:.2f})", flush=True)
+            if args.out:
+                with open(args.out, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
