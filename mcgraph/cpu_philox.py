@@ -153,7 +153,11 @@ def extension():
                 path = build_path()
                 if not path.exists():
                     _build(path)
-                _state["lib"] = _load(path)
+                try:
+                    _state["lib"] = _load(path)
+                except (OSError, RuntimeError):  # a stale or damaged cached build: build it once more
+                    _build(path)
+                    _state["lib"] = _load(path)
             except Exception as exc:  # noqa: BLE001 - any build or load failure means: the torch stream
                 _state["error"] = f"{type(exc).__name__}: {exc}"
     return _state.get("lib")
@@ -300,7 +304,7 @@ def statistics(noise: str, shape, num_samples: int, seed: int, keys,
     total = partial[0]
     for s in range(1, segments):  # a fixed order: the same sums for any number of threads
         total += partial[s]
-    means = total[:, :numel] / num_samples
+    means = total[:, :numel].div_(num_samples)
     return {**out, **{k: means[n].reshape(shape).to(dtype) for n, k in enumerate(drawn)}}
 
 
