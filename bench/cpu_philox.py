@@ -45,8 +45,10 @@ def _commit() -> str:
 
 def _torch_stats(P: int, M: int, seed: int) -> None:
     block = rows_per_block(P, M)
-    stream = BlockStream(lambda n, out=None: torch.randn((n, P), out=out) if out is not None else torch.randn((n, P)),
-                         M, block, seed, torch.device("cpu"), owns_rows=True)
+    def draw(n, out=None):
+        return torch.randn((n, P)) if out is None else torch.randn((n, P), out=out)
+
+    stream = BlockStream(draw, M, block, seed, torch.device("cpu"), owns_rows=True)
     noise_statistics(stream, ((1, 0), (2, 0)), block, torch.float32)
 
 
@@ -89,7 +91,8 @@ def main(argv=None) -> None:
             print(f"P={P} M={args.samples} threads={threads}: randn {row['seconds_randn'] * 1e3:.1f} ms, "
                   f"torch-stats {row['seconds_torch-stats'] * 1e3:.1f} ms, "
                   f"philox-stats {row['seconds_philox-stats'] * 1e3:.1f} ms → randn/philox "
-                  f"{row['randn_over_philox']:.2f}×, torch-stats/philox {row['torch_stats_over_philox']:.2f}× "
+                  f"{row['randn_over_philox']:.2f}×, "
+                  f"torch-stats/philox {row['torch_stats_over_philox']:.2f}× "
                   f"(load {row['load_before']:.2f} → {row['load_after']:.2f})", flush=True)
             if args.out:
                 with open(args.out, "a", encoding="utf-8") as f:

@@ -227,7 +227,8 @@ def describe_stream(form) -> str:
     if law is None or mode not in (Backend.AUTO, Backend.CPU_PHILOX):
         return torch_stream
     if cpu_philox.unavailable_reason() is not None:
-        return f"{torch_stream} (the compiled CPU Philox stream is unavailable: {cpu_philox.unavailable_reason()})"
+        why = cpu_philox.unavailable_reason()
+        return f"{torch_stream} (the compiled CPU Philox stream is unavailable: {why})"
     state = (f"built for {cpu_philox.isa()}" if cpu_philox.built() else "built at first use")
     compiled = (f"compiled CPU Philox4x32-10, statistics in one loop over {torch.get_num_threads()} "
                 f"thread(s) ({state})")

@@ -194,7 +194,8 @@ def _law_code(noise: str) -> int:
     try:
         return LAWS[noise]
     except (KeyError, TypeError):
-        raise ValueError(f"noise: the CPU Philox stream has no law {noise!r}; it draws {sorted(LAWS)}") from None
+        raise ValueError(f"noise: the CPU Philox stream has no law {noise!r}; "
+                         f"it draws {sorted(LAWS)}") from None
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -219,7 +220,8 @@ def _module():
     return mod
 
 
-def rows(noise: str, shape, start: int, stop: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def rows(noise: str, shape, start: int, stop: int, seed: int,
+         dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Rows ``start … stop-1`` of the stream, shape ``(stop-start, *shape)``, drawn in parallel.
 
     Args:
@@ -240,8 +242,9 @@ def rows(noise: str, shape, start: int, stop: int, seed: int, dtype: torch.dtype
     shape = tuple(int(s) for s in shape)
     lib = _module()
     out = torch.empty((stop - start,) + shape, dtype=cdt)
-    if out.numel() and lib.mcgraph_philox_rows(code, math.prod(shape), start, stop, seed, cdt == torch.float64,
-                                                out.data_ptr(), torch.get_num_threads()) != 0:
+    fp64 = cdt == torch.float64
+    if out.numel() and lib.mcgraph_philox_rows(code, math.prod(shape), start, stop, seed, fp64, out.data_ptr(),
+                                                torch.get_num_threads()) != 0:
         raise RuntimeError("cpu_philox.rows: the library rejected its arguments")
     return out.to(dtype)
 
