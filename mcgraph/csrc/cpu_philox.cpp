@@ -17,6 +17,7 @@
 // The statistics never materialise the M x P noise: each work item owns LANES elements and a
 // segment of samples, keeps its sums in L1 and writes K x LANES numbers. The work items and the
 // caller's sum over segments depend on (P, M, segments) only: the same result for any thread count.
+// Items are handed out dynamically, so a core taken by another process does not hold the loop back.
 // Plain C++ and OpenMP, no torch headers: one compiler call of about a second, loaded with ctypes.
 //
 // Built with -ffp-contract=off: rows and stats must produce bit-identical xi, which a contraction
@@ -310,7 +311,7 @@ void draw<double>(int law, uint64_t seed, uint64_t offset0, double* xi) {
 template <typename Real>
 void rows_impl(int law, int64_t P, int64_t start, int64_t n, uint64_t seed, Real* out, int threads) {
   const int64_t tiles = (P + LANES - 1) / LANES;
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(dynamic, 256) num_threads(threads)
   for (int64_t item = 0; item < n * tiles; ++item) {
     alignas(64) Real xi[LANES];
     const int64_t r = item / tiles, j0 = (item % tiles) * LANES;
@@ -413,7 +414,7 @@ int mcgraph_philox_stats(int law, int64_t P, int64_t M, uint64_t seed, int K, co
 #pragma omp parallel num_threads(threads)
   {
     std::vector<double> acc(static_cast<size_t>(K) * LANES);
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < segments * tiles; ++item) {
       const int64_t s = item / tiles, t = item % tiles;
       std::fill(acc.begin(), acc.end(), 0.0);
