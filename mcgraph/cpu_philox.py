@@ -110,10 +110,10 @@ def build_path() -> pathlib.Path:
     return pathlib.Path(root) / f"mcgraph_cpu_philox_{h.hexdigest()[:16]}" / "cpu_philox.so"
 
 
-def _build(path: pathlib.Path) -> None:
+def _build(path: pathlib.Path, flags=tuple(_FLAGS)) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.stem}.{os.getpid()}.{threading.get_ident()}.tmp.so")
-    cmd = [compiler(), *_FLAGS, str(_SOURCE), "-o", str(tmp)]
+    cmd = [compiler(), *flags, str(_SOURCE), "-o", str(tmp)]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
         if done.returncode != 0:
@@ -221,7 +221,7 @@ def _module():
 
 
 def rows(noise: str, shape, start: int, stop: int, seed: int,
-         dtype: torch.dtype = torch.float32) -> torch.Tensor:
+         dtype: torch.dtype = torch.float32, *, _lib=None) -> torch.Tensor:
     """Rows ``start … stop-1`` of the stream, shape ``(stop-start, *shape)``, drawn in parallel.
 
     Args:
@@ -240,7 +240,7 @@ def rows(noise: str, shape, start: int, stop: int, seed: int,
     if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start <= stop):
         raise ValueError(f"start, stop must be ints with 0 <= start <= stop, got {start!r}, {stop!r}")
     shape = tuple(int(s) for s in shape)
-    lib = _module()
+    lib = _module() if _lib is None else _lib  # _lib: another build of the source (tests)
     out = torch.empty((stop - start,) + shape, dtype=cdt)
     fp64 = cdt == torch.float64
     if out.numel() and lib.mcgraph_philox_rows(code, math.prod(shape), start, stop, seed, fp64, out.data_ptr(),

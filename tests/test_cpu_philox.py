@@ -27,6 +27,7 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton (and mcgraph.kernels) is first imported
 
 import math  # noqa: E402
+import platform  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -379,3 +380,22 @@ def test_import_and_small_calls_build_nothing(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-3000:]
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 instruction-set flags")
+def test_instruction_set_paths_draw_identical_noise(tmp_path):
+    # The AVX-512, AVX2 and portable builds of the source must draw the same ξ bit for bit (IEEE
+    # operations in the same order, explicit FMAs): a cache built on another CPU never changes numbers.
+    laws = sorted(cpu_philox.LAWS)
+    ref = {(law, dt): cpu_philox.rows(law, (45,), 5, 45, 3, dt) for law in laws for dt in (torch.float32, F64)}
+    for name, extra in {"avx2": ["-mno-avx512f"], "portable": ["-mno-avx512f", "-mno-avx2"]}.items():
+        path = tmp_path / f"{name}.so"
+        cpu_philox._build(path, [*cpu_philox._FLAGS, *extra])
+        lib = cpu_philox._load(path)
+        if name == "portable" or "avx2" in cpu_philox._cpu_flags().split():
+            assert lib.mcgraph_philox_isa().decode() == name
+        words = torch.zeros(8 * cpu_philox.LANES, dtype=torch.int32)
+        lib.mcgraph_philox_words(99, 2**32 - 9, words.data_ptr())
+        assert torch.equal(words[: 4 * cpu_philox.LANES], words[4 * cpu_philox.LANES:]), name
+        for (law, dt), expected in ref.items():
+            assert torch.equal(cpu_philox.rows(law, (45,), 5, 45, 3, dt, _lib=lib), expected), (name, law, dt)

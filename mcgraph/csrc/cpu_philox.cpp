@@ -102,7 +102,7 @@ inline void v_mulhilo(vec a, vec m, vec* hi, vec* lo) {
   const vec pe = _mm512_mul_epu32(a, m);
   const vec po = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), m);
   *hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(pe, 32), po);
-  *lo = _mm512_mask_blend_epi32(0xAAAA, pe, _mm512_slli_epi64(po, 32));
+  *lo = _mm512_mullo_epi32(a, m);
 }
 inline vec v_xor3(vec a, vec b, vec c) { return _mm512_ternarylogic_epi32(a, b, c, 0x96); }
 inline vec v_set1(uint32_t x) { return _mm512_set1_epi32(static_cast<int>(x)); }
@@ -126,7 +126,7 @@ inline void v_mulhilo(vec a, vec m, vec* hi, vec* lo) {
   const vec pe = _mm256_mul_epu32(a, m);
   const vec po = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);
   *hi = _mm256_blend_epi32(_mm256_srli_epi64(pe, 32), po, 0xAA);
-  *lo = _mm256_blend_epi32(pe, _mm256_slli_epi64(po, 32), 0xAA);
+  *lo = _mm256_mullo_epi32(a, m);
 }
 inline vec v_xor3(vec a, vec b, vec c) { return _mm256_xor_si256(_mm256_xor_si256(a, b), c); }
 inline vec v_set1(uint32_t x) { return _mm256_set1_epi32(static_cast<int>(x)); }
@@ -175,29 +175,30 @@ inline void philox(uint64_t seed, uint64_t offset0, uint32_t* w0, uint32_t* w1, 
 #endif
 
 // ---------------------------------------------------------------- float32 math that vectorises
-// (glibc's logf/cosf are scalar calls unless -ffast-math; these are branch-free and ~1 ulp.)
+// (glibc's logf/cosf are scalar calls unless -ffast-math; these are branch-free and ~1 ulp. The
+// polynomials use explicit std::fma: one instruction where the CPU has FMA, and the same rounding in
+// every inlined context, which -ffp-contract=off guarantees for the rest.)
 
 inline float as_float(uint32_t i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline uint32_t as_bits(float f) { uint32_t i; std::memcpy(&i, &f, 4); return i; }
 
-// log x for normal positive x (Cephes logf: x = m 2^e, m in [sqrt(1/2), sqrt(2)), a degree-9 polynomial).
+// log x for normal positive x: x = (1 + m) 2^e with 1 + m in [sqrt(1/2), sqrt(2)) by integer arithmetic on
+// the bits (musl's reduction: no branch, so it vectorises on AVX2 too), then Cephes logf's degree-9
+// polynomial and ln 2 split in two.
 inline float log_f(float x) {
-  const uint32_t ix = as_bits(x);
-  int e = static_cast<int>((ix >> 23) & 0xffu) - 126;
-  float m = as_float((ix & 0x007fffffu) | 0x3f000000u);  // [0.5, 1)
-  const bool small = m < 0.707106781186547524f;
-  e = small ? e - 1 : e;
-  m = small ? (m + m) - 1.0f : m - 1.0f;
+  const uint32_t ix = as_bits(x) + (0x3f800000u - 0x3f3504f3u);
+  const int e = static_cast<int>(ix >> 23) - 0x7f;
+  const float m = as_float((ix & 0x007fffffu) + 0x3f3504f3u) - 1.0f;
   const float z = m * m;
   float y = 7.0376836292e-2f;
-  y = y * m - 1.1514610310e-1f;
-  y = y * m + 1.1676998740e-1f;
-  y = y * m - 1.2420140846e-1f;
-  y = y * m + 1.4249322787e-1f;
-  y = y * m - 1.6668057665e-1f;
-  y = y * m + 2.0000714765e-1f;
-  y = y * m - 2.4999993993e-1f;
-  y = y * m + 3.3333331174e-1f;
+  y = std::fma(y, m, -1.1514610310e-1f);
+  y = std::fma(y, m, 1.1676998740e-1f);
+  y = std::fma(y, m, -1.2420140846e-1f);
+  y = std::fma(y, m, 1.4249322787e-1f);
+  y = std::fma(y, m, -1.6668057665e-1f);
+  y = std::fma(y, m, 2.0000714765e-1f);
+  y = std::fma(y, m, -2.4999993993e-1f);
+  y = std::fma(y, m, 3.3333331174e-1f);
   y = y * m * z;
   const float fe = static_cast<float>(e);
   y += -2.12194440e-4f * fe;
@@ -213,12 +214,12 @@ inline float cos2pi_f(float t) {
   const float x = 6.28318530717958648f * (0.25f - a);
   const float z = x * x;
   float s = -7.6471637318198164759e-13f;  // -1/15!
-  s = s * z + 1.6059043836821614599e-10f;  // 1/13!
-  s = s * z - 2.5052108385441718775e-8f;   // -1/11!
-  s = s * z + 2.7557319223985890653e-6f;   // 1/9!
-  s = s * z - 1.9841269841269841270e-4f;   // -1/7!
-  s = s * z + 8.3333333333333333333e-3f;   // 1/5!
-  s = s * z - 1.6666666666666666667e-1f;   // -1/3!
+  s = std::fma(s, z, 1.6059043836821614599e-10f);  // 1/13!
+  s = std::fma(s, z, -2.5052108385441718775e-8f);   // -1/11!
+  s = std::fma(s, z, 2.7557319223985890653e-6f);   // 1/9!
+  s = std::fma(s, z, -1.9841269841269841270e-4f);   // -1/7!
+  s = std::fma(s, z, 8.3333333333333333333e-3f);   // 1/5!
+  s = std::fma(s, z, -1.6666666666666666667e-1f);   // -1/3!
   return x + x * z * s;
 }
 
@@ -240,7 +241,7 @@ inline Real transform(int law, Real u1, Real u2) {
     case NORMAL: return sqrt_(Real(-2) * log_(u1)) * cos2pi_(u2);
     case LAPLACE: {
       const Real v = u1 - Real(0.5);
-      return (v < 0 ? Real(1) : Real(-1)) * log_(Real(1) - Real(2) * std::fabs(v));
+      return -std::copysign(Real(1), v) * log_(Real(1) - Real(2) * std::fabs(v));  // v != 0 on the grid
     }
     case LOGISTIC: return log_(u1) - log_(Real(1) - u1);
     case CAUCHY: return sin_pi_over_cos_pi(u1 - Real(0.5));
