@@ -223,10 +223,59 @@ inline float cos2pi_f(float t) {
   return x + x * z * s;
 }
 
+// float64 versions, also branch-free (libm's log/cos are scalar calls): a few ulp.
+inline double as_double(uint64_t i) { double d; std::memcpy(&d, &i, 8); return d; }
+inline uint64_t as_bits(double d) { uint64_t i; std::memcpy(&i, &d, 8); return i; }
+
+// log x for normal positive x: x = (1 + f) 2^e, 1 + f in [sqrt(1/2), sqrt(2)) (musl's reduction), then
+// log(1 + f) = f - s (f - R), s = f / (2 + f), R = 2 (s^2/3 + s^4/5 + ... + s^20/21) (2 atanh s = log(1 + f);
+// |s| < 0.172, so the first omitted term is < 1e-18 relative), and ln 2 split in two.
+inline double log_d(double x) {
+  const uint64_t ix = as_bits(x) + (0x3ff0000000000000ull - 0x3fe6a09e667f3bcdull);
+  const double e = static_cast<double>(static_cast<int32_t>(ix >> 52) - 0x3ff);
+  const double f = as_double((ix & 0x000fffffffffffffull) + 0x3fe6a09e667f3bcdull) - 1.0;
+  const double s = f / (2.0 + f);
+  const double z = s * s;
+  double r = 2.0 / 21;
+  r = std::fma(r, z, 2.0 / 19);
+  r = std::fma(r, z, 2.0 / 17);
+  r = std::fma(r, z, 2.0 / 15);
+  r = std::fma(r, z, 2.0 / 13);
+  r = std::fma(r, z, 2.0 / 11);
+  r = std::fma(r, z, 2.0 / 9);
+  r = std::fma(r, z, 2.0 / 7);
+  r = std::fma(r, z, 2.0 / 5);
+  r = std::fma(r, z, 2.0 / 3);
+  r = r * z;
+  const double log1p = f - s * (f - r);
+  return std::fma(e, 6.93147180369123816490e-01, std::fma(e, 1.90821492927058770002e-10, log1p));
+}
+
+// cos(2 pi t) for double t > -1/2, as cos2pi_f: sin(2 pi (1/4 - a)) by its Taylor polynomial to x^25
+// (truncation < 1e-22 on [-pi/2, pi/2]).
+inline double cos2pi_d(double t) {
+  const double a = std::fabs(t - static_cast<double>(static_cast<int32_t>(t + 0.5)));
+  const double x = 6.283185307179586477 * (0.25 - a);
+  const double z = x * x;
+  double q = 1.0 / 15511210043330985984000000.0;  // 1/25!
+  q = std::fma(q, z, -1.0 / 25852016738884976640000.0);  // -1/23!
+  q = std::fma(q, z, 1.0 / 51090942171709440000.0);      // 1/21!
+  q = std::fma(q, z, -1.0 / 121645100408832000.0);       // -1/19!
+  q = std::fma(q, z, 1.0 / 355687428096000.0);           // 1/17!
+  q = std::fma(q, z, -1.0 / 1307674368000.0);            // -1/15!
+  q = std::fma(q, z, 1.0 / 6227020800.0);                // 1/13!
+  q = std::fma(q, z, -1.0 / 39916800.0);                 // -1/11!
+  q = std::fma(q, z, 1.0 / 362880.0);                    // 1/9!
+  q = std::fma(q, z, -1.0 / 5040.0);                     // -1/7!
+  q = std::fma(q, z, 1.0 / 120.0);                       // 1/5!
+  q = std::fma(q, z, -1.0 / 6.0);                        // -1/3!
+  return std::fma(x * z, q, x);
+}
+
 inline float log_(float x) { return log_f(x); }
-inline double log_(double x) { return std::log(x); }
+inline double log_(double x) { return log_d(x); }
 inline float cos2pi_(float t) { return cos2pi_f(t); }
-inline double cos2pi_(double t) { return std::cos(6.283185307179586 * t); }
+inline double cos2pi_(double t) { return cos2pi_d(t); }
 inline float sqrt_(float x) { return std::sqrt(x); }
 inline double sqrt_(double x) { return std::sqrt(x); }
 
