@@ -1,12 +1,30 @@
-"""The one module that decides between the torch and the Triton backend.
+"""The one module that decides between the torch, the Triton and the compiled CPU backend.
 
 * CUDA tensor and Triton importable → ``"triton"``: compiled kernels that draw
   the noise in registers (:mod:`mcgraph.kernels`).
 * Anything else → ``"torch"``: the pure-torch engine (chunked noise blocks).
-* The environment variable ``MCGRAPH_BACKEND`` (``torch`` | ``triton`` | ``auto``,
-  read at every call, never at import) overrides: ``triton`` on CPU tensors runs
+* The environment variable ``MCGRAPH_BACKEND`` (``torch`` | ``triton`` | ``cpu-philox`` |
+  ``auto``, read at every call, never at import) overrides: ``triton`` on CPU tensors runs
   the kernels in Triton's interpreter, which needs ``TRITON_INTERPRET=1`` set
   before :mod:`mcgraph.kernels` is first imported (tests do this).
+
+The noise stream of a CPU form (:func:`stream_kind`). CPU tensors may read their noise
+from the compiled Philox stream (:mod:`mcgraph.cpu_philox`: the Triton layout, drawn and
+reduced to the collapsed statistics in one OpenMP loop) instead of torch's generator:
+
+* ``MCGRAPH_BACKEND=cpu-philox``: every CPU form whose noise law the stream draws, at any M.
+* ``auto`` (the default): the same, but only from :data:`CPU_PHILOX_AUTO_MIN_DRAWS` draws
+  M·P on, where it is faster than torch's ``randn`` even on one core; smaller calls keep
+  the torch stream (and build nothing).
+* ``torch``: never.
+
+In both cases the library must build (once per machine, on first need: about a second
+with a C++ compiler; :func:`mcgraph.cpu_philox.extension`); if it cannot, the torch
+stream runs, silently, and ``explain`` says why. The choice depends only on the form
+(device, dtype, noise law), M and ``MCGRAPH_BACKEND`` — never on the method, the chunk
+size or the thread count — so every method consumes the same noise for a given seed.
+Moving a call across the threshold (changing M) changes the stream, hence the numbers
+for that seed; ``MCGRAPH_BACKEND=torch`` pins the torch stream for all M.
 
 Importing this module (or :mod:`mcgraph`) imports neither Triton nor the
 kernels and touches no GPU; :func:`triton_available` only looks for the
@@ -20,6 +38,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import math
 import os
 import sys
 from enum import Enum
@@ -37,8 +56,16 @@ class Backend(str, Enum):
     TORCH = "torch"
     #: Always the Triton kernels (CPU tensors: interpreter, ``TRITON_INTERPRET=1``).
     TRITON = "triton"
-    #: Triton for CUDA tensors when Triton is installed, torch otherwise (the default).
+    #: CPU tensors: the compiled Philox noise stream at any M (torch's when it cannot be built);
+    #: CUDA tensors as under ``auto``.
+    CPU_PHILOX = "cpu-philox"
+    #: Triton for CUDA tensors when Triton is installed; CPU tensors: the compiled Philox stream from
+    #: :data:`CPU_PHILOX_AUTO_MIN_DRAWS` draws on, torch's below (the default).
     AUTO = "auto"
+
+
+#: Under ``auto``, CPU forms draw from the compiled Philox stream when M·P reaches this many draws.
+CPU_PHILOX_AUTO_MIN_DRAWS = 1 << 22
 
 
 _TRITON_FOUND: bool | None = None
@@ -88,7 +115,7 @@ def backend_for(tensor: torch.Tensor) -> str:
     device = tensor.device.type
     if mode == Backend.TORCH:
         return "torch"
-    if mode == Backend.AUTO:
+    if mode in (Backend.AUTO, Backend.CPU_PHILOX):  # cpu-philox: a CPU noise stream in torch's engine
         return "triton" if device == "cuda" and triton_available() else "torch"
     if not triton_available():
         raise RuntimeError(f"{ENV_VAR}=triton but the triton package is not installed")
@@ -145,30 +172,106 @@ def _triton_form(form) -> tuple[str, int] | None:
     return triton_noise(form)
 
 
+def cpu_philox_law(form) -> str | None:
+    """The compiled CPU stream's law for ``form`` (a CPU :class:`~mcgraph.families.SamplingForm` with a
+    floating dtype and a law of :data:`mcgraph.cpu_philox.LAWS`), else ``None``. Builds nothing."""
+    from .cpu_philox import LAWS
+    from .families import SamplingForm
+
+    if not isinstance(form, SamplingForm) or form.device.type != "cpu" or not form.dtype.is_floating_point:
+        return None
+    noise = triton_noise(form)
+    if noise is None or noise[1] != 0 or noise[0] not in LAWS:
+        return None
+    return noise[0]
+
+
+def _cpu_philox_wanted(form, num_samples: int) -> bool:
+    """Whether ``MCGRAPH_BACKEND`` asks for the compiled stream for this form and M (builds nothing)."""
+    mode = requested_backend()
+    if mode == Backend.CPU_PHILOX:
+        return True
+    return mode == Backend.AUTO and num_samples * math.prod(form.noise_shape) >= CPU_PHILOX_AUTO_MIN_DRAWS
+
+
+def stream_kind(form, num_samples: int) -> str:
+    """Which noise stream the engine reads for ``form`` and M: ``"triton"``, ``"cpu-philox"`` or ``"torch"``.
+
+    A function of (form, M, ``MCGRAPH_BACKEND``) only (see the module docstring); for
+    ``"cpu-philox"`` it builds the library on first need and answers ``"torch"`` when it cannot.
+
+    Example:
+        >>> import torch, mcgraph as mg
+        >>> form = mg.family_of(torch.distributions.Normal(torch.zeros(3), torch.ones(3)))
+        >>> stream_kind(form, 10)  # 30 draws: below the auto threshold
+        'torch'
+    """
+    if _triton_form(form) is not None:
+        return "triton"
+    if cpu_philox_law(form) is None or not _cpu_philox_wanted(form, num_samples):
+        return "torch"
+    from . import cpu_philox
+
+    return "cpu-philox" if cpu_philox.extension() is not None else "torch"
+
+
+def describe_stream(form) -> str:
+    """``explain``'s line on the noise stream of ``form`` (builds nothing)."""
+    from . import cpu_philox
+
+    if _triton_form(form) is not None:
+        return "Philox4x32-10 in the Triton kernels (backend triton)"
+    torch_stream = "torch's generator, blocks seeded by mix_seed(seed, block)"
+    law = cpu_philox_law(form)
+    mode = requested_backend()
+    if law is None or mode not in (Backend.AUTO, Backend.CPU_PHILOX):
+        return torch_stream
+    if cpu_philox.unavailable_reason() is not None:
+        why = cpu_philox.unavailable_reason()
+        return f"{torch_stream} (the compiled CPU Philox stream is unavailable: {why})"
+    state = (f"built for {cpu_philox.isa()}" if cpu_philox.built() else "built at first use")
+    compiled = (f"compiled CPU Philox4x32-10, statistics in one loop over {torch.get_num_threads()} "
+                f"thread(s) ({state})")
+    if mode == Backend.CPU_PHILOX:
+        return f"{compiled} [MCGRAPH_BACKEND=cpu-philox]"
+    return f"{compiled} when M·P ≥ {CPU_PHILOX_AUTO_MIN_DRAWS} draws, else {torch_stream}"
+
+
 def noise_stream(form, seed: int, num_samples: int):
-    """The Triton noise stream of ``form`` (``rows``/``chunks`` like :class:`mcgraph.noise.BlockStream`), or ``None``.
+    """The Triton or compiled CPU noise stream of ``form`` (``rows``/``chunks`` like
+    :class:`mcgraph.noise.BlockStream`), or ``None`` for the torch stream (:func:`stream_kind`).
 
     Engine hook: the first statement of ``mcgraph.estimators.sampling.stream_for``, so the
     direct, chunked, collapsed and torch-fused estimators read the same ξ as the kernels.
     """
-    noise = _triton_form(form)
-    if noise is None:
+    kind = stream_kind(form, num_samples)
+    if kind == "cpu-philox":
+        from .cpu_philox import PhiloxCPUStream
+
+        return PhiloxCPUStream(cpu_philox_law(form), form.noise_shape, num_samples, seed, form.dtype)
+    if kind != "triton":
         return None
-    name, event_ndims = noise
+    name, event_ndims = _triton_form(form)
     return _kernels("noise_laws").TritonNoiseStream(name, form.noise_shape, num_samples, seed, form.dtype,
                                                     form.device, event_ndims=event_ndims)
 
 
 def noise_statistics(form, keys, seed: int, num_samples: int) -> dict | None:
-    """``{(a, j): mean_i ξ_i^a (log ξ_i)^j}`` (shape ``form.noise_shape``) by one Triton kernel, or ``None``.
+    """``{(a, j): mean_i ξ_i^a (log ξ_i)^j}`` (shape ``form.noise_shape``) in one pass that never
+    materialises the noise — one Triton kernel, or the compiled CPU loop — or ``None`` (torch stream).
 
     Engine hook: ``mcgraph.estimators.collapsed.statistics`` before its chunked torch path
     (not for ``exact``: the exact Gaussian sampler is O(P) already).
     """
-    noise = _triton_form(form)
-    if noise is None:
+    kind = stream_kind(form, num_samples)
+    if kind == "cpu-philox":
+        from . import cpu_philox
+
+        return cpu_philox.statistics(cpu_philox_law(form), tuple(form.noise_shape), num_samples, seed,
+                                     tuple(sorted(keys)), form.dtype)
+    if kind != "triton":
         return None
-    name, event_ndims = noise
+    name, event_ndims = _triton_form(form)
     return _kernels("noise_stats").noise_statistics(name, tuple(form.noise_shape), num_samples, seed,
                                                     tuple(sorted(keys)), form.dtype, form.device,
                                                     event_ndims=event_ndims)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import backend
 from .families import GenericForm, SamplingForm, is_exp
 from .moments import NoExactMoment, exact_statistic
 from .integrands import Elementwise, Node, PolyNode, SumNode, TraceResult, captured_tensors, format_monomial, format_poly
@@ -129,6 +130,7 @@ class Plan:
             variance = _variance_line(self.form, t)
             if variance:
                 lines.append(f"    standard error: {variance}")
+        lines.append(f"  noise stream: {backend.describe_stream(self.form)}")
         if stderr_mode(self)[0] == "per_sample":
             lines.append("  standard error of the total: per-sample values of fn in one extra pass over the "
                          "same noise (covariances between terms included)")

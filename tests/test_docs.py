@@ -26,6 +26,7 @@ NEEDS = {"mcgraph.interop": "blitz", "mcgraph.interop.registry": "bayesian_torch
          "mcgraph.interop.tyxe": "tyxe"}
 MODULES += ["mcgraph.interop.priors", "mcgraph.stderr", "mcgraph.moments", "mcgraph.estimators.derivatives",
             "mcgraph.estimators.fused_body"]
+MODULES += ["mcgraph.cpu_philox"]  # its example builds the library (about a second, once per machine)
 
 
 @pytest.mark.parametrize("name", MODULES + sorted(NEEDS))

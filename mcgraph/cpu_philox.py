@@ -1,0 +1,346 @@
+"""The compiled CPU noise stream: Philox4x32-10 drawn and reduced in one parallel C++ loop.
+
+torch's CPU ``randn`` draws from one generator stream on one core, and the collapsed
+tier then reads the M × P noise back from memory to sum its powers. This stream is
+counter-based instead: ξ for sample ``i`` and element ``j`` of a draw of ``P``
+elements is a pure function of ``(seed, i·P + j)``,
+
+.. code-block:: text
+
+    counter = (lo32(i·P + j), hi32(i·P + j), 0, 0)     key = (lo32(seed), hi32(seed))
+    (w0, w1, w2, w3) = Philox4x32-10(counter, key)
+    u1, u2 = open uniforms from the words               ξ = law(u1, u2)
+
+— the layout of the Triton backend (:mod:`mcgraph.kernels.noise_laws`), so both
+backends draw the same ξ up to float rounding of the transforms. Any sample of any
+element can be drawn directly, so the stream is reproducible per sample, whatever
+the chunk size, block size or number of threads, and the statistics
+
+.. math::
+    \\bar t_{a,j}[p] = \\frac1M \\sum_{i=1}^{M} \\xi_{i,p}^{a} (\\log \\xi_{i,p})^{j}
+
+are accumulated in one loop over all cores (OpenMP, ``torch.get_num_threads()``
+threads) without materialising the noise. Sums are kept in float64;
+the order of the final sum over sample segments depends on (M, P) only, so the
+statistics do not change with the number of threads.
+
+The library (``mcgraph/csrc/cpu_philox.cpp``, plain C++ with OpenMP, no torch headers) is
+compiled on first use, never at import: one ``$CXX`` (default ``c++``) call with ``-O3
+-march=native -fopenmp`` (about a second), into ``$TORCH_EXTENSIONS_DIR`` (default
+``~/.cache/torch_extensions``), and loaded with :mod:`ctypes`; later processes load the
+cached build. Its OpenMP loop runs on torch's OpenMP runtime (the same ``libgomp`` is
+loaded once) with ``torch.get_num_threads()`` threads. The build's name hashes the
+source, the flags and the CPU's instruction-set flags, so a cache shared between
+machines never loads code built for another CPU. When the build fails (no compiler:
+``CXX`` names a missing program, or none is installed) :func:`extension` returns
+``None``, :func:`unavailable_reason` says why, and :mod:`mcgraph.backend` keeps the
+torch stream.
+
+Example:
+    >>> from mcgraph import cpu_philox
+    >>> if cpu_philox.extension() is not None:  # builds on first use (tens of seconds, once)
+    ...     xi = cpu_philox.rows("normal", (3, 4), 0, 8, seed=0)
+    ...     assert xi.shape == (8, 3, 4)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import math
+import os
+import pathlib
+import subprocess
+import threading
+
+import torch
+
+#: Noise laws the compiled stream draws (``mcgraph.backend.triton_noise`` names) → the C++ law code.
+LAWS = {"normal": 0, "laplace": 1, "logistic": 2, "cauchy": 3, "gumbel": 4, "uniform": 5, "exponential": 6,
+        "half_normal": 7, "half_cauchy": 8, "rayleigh": 9}
+
+#: Laws with ξ > 0 almost surely (statistics with log ξ allowed).
+POSITIVE = frozenset({"uniform", "exponential", "half_normal", "half_cauchy", "rayleigh"})
+
+#: Elements one work item of the C++ loops draws together (``LANES`` in the source).
+LANES = 32
+
+#: Work items the statistics loop aims for (element tiles × sample segments), so that all cores are busy
+#: even when P is small; the segments are a function of (M, P) only.
+TARGET_ITEMS = 64
+
+#: Samples per segment at least (a segment's sums are one K × P block of float64 partials).
+MIN_SEGMENT = 256
+
+_SOURCE = pathlib.Path(__file__).with_name("csrc") / "cpu_philox.cpp"
+_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC",
+          "-std=c++17"]
+#: Seconds a build may take before it counts as failed.
+BUILD_TIMEOUT = 300
+
+_lock = threading.Lock()
+_state: dict = {}  # "lib" (the loaded library) or "error" (why not), set once per process
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return line
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def compiler() -> str:
+    """The C++ compiler a build runs: ``$CXX``, else ``c++``."""
+    return os.environ.get("CXX", "").strip() or "c++"
+
+
+def build_path() -> pathlib.Path:
+    """Where the library is (or will be) built: a name hashing source, flags and the CPU's flags."""
+    h = hashlib.sha256()
+    for part in (_SOURCE.read_bytes(), " ".join(_FLAGS).encode(), _cpu_flags().encode()):
+        h.update(part)
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "torch_extensions")
+    return pathlib.Path(root) / f"mcgraph_cpu_philox_{h.hexdigest()[:16]}" / "cpu_philox.so"
+
+
+def _build(path: pathlib.Path, flags=tuple(_FLAGS)) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.{threading.get_ident()}.tmp.so")
+    cmd = [compiler(), *flags, str(_SOURCE), "-o", str(tmp)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise RuntimeError(f"{' '.join(cmd[:1])} exited with {done.returncode}: {last}")
+        os.replace(tmp, path)  # atomic: a concurrent process loads either no file or a whole one
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _load(path: pathlib.Path):
+    lib = ctypes.CDLL(str(path))
+    i64, u64, vp, ci = ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int
+    lib.mcgraph_philox_rows.argtypes = [ci, i64, i64, i64, u64, ci, vp, ci]
+    lib.mcgraph_philox_rows.restype = ci
+    lib.mcgraph_philox_stats.argtypes = [ci, i64, i64, u64, ci, vp, vp, ci, i64, i64, vp, ci]
+    lib.mcgraph_philox_stats.restype = ci
+    lib.mcgraph_philox_words.argtypes = [u64, u64, vp]
+    lib.mcgraph_philox_words.restype = None
+    lib.mcgraph_philox_isa.restype = ctypes.c_char_p
+    if lib.mcgraph_philox_lanes() != LANES:
+        raise RuntimeError(f"{path}: built with LANES = {lib.mcgraph_philox_lanes()}, expected {LANES}")
+    return lib
+
+
+def extension():
+    """The compiled library (built on first call, cached on disk), or ``None`` when it cannot be had.
+
+    Never raises: a failed build is remembered for the rest of the process and
+    :func:`unavailable_reason` returns its message.
+    """
+    if "lib" in _state or "error" in _state:
+        return _state.get("lib")
+    with _lock:
+        if "lib" not in _state and "error" not in _state:
+            try:
+                path = build_path()
+                if not path.exists():
+                    _build(path)
+                try:
+                    _state["lib"] = _load(path)
+                except (OSError, RuntimeError):  # a stale or damaged cached build: build it once more
+                    _build(path)
+                    _state["lib"] = _load(path)
+            except Exception as exc:  # noqa: BLE001 - any build or load failure means: the torch stream
+                _state["error"] = f"{type(exc).__name__}: {exc}"
+    return _state.get("lib")
+
+
+def built() -> bool:
+    """Whether this process has already loaded the library (no build is attempted)."""
+    return "lib" in _state
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`extension` returned ``None`` (``None`` when it loaded or was never tried)."""
+    return _state.get("error")
+
+
+def isa() -> str | None:
+    """The instruction set of the loaded build's Philox rounds (``avx512``, ``avx2``, ``portable``)."""
+    lib = _state.get("lib")
+    return None if lib is None else lib.mcgraph_philox_isa().decode()
+
+
+def philox_words(seed: int, offset: int) -> torch.Tensor:
+    """Philox4x32-10 words of counters ``offset … offset+LANES-1``: ``(2, 4, LANES)`` int64.
+
+    Row 0 from the vectorised rounds the streams use, row 1 from the portable loop (tests
+    compare both with each other and with an independent implementation).
+    """
+    out = torch.zeros(8 * LANES, dtype=torch.int32)
+    _module().mcgraph_philox_words(_check_seed(seed), int(offset), out.data_ptr())
+    return out.to(torch.int64).remainder(2**32).reshape(2, 4, LANES)
+
+
+def _law_code(noise: str) -> int:
+    try:
+        return LAWS[noise]
+    except (KeyError, TypeError):
+        raise ValueError(f"noise: the CPU Philox stream has no law {noise!r}; "
+                         f"it draws {sorted(LAWS)}") from None
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise TypeError(f"dtype: {dtype} is not supported by the CPU Philox stream "
+                        f"(float16, bfloat16, float32 or float64)")
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _check_seed(seed) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    if not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be in [0, 2**63), got {seed}")
+    return seed
+
+
+def _module():
+    mod = extension()
+    if mod is None:
+        raise RuntimeError(f"the CPU Philox extension could not be built: {unavailable_reason()}")
+    return mod
+
+
+def rows(noise: str, shape, start: int, stop: int, seed: int,
+         dtype: torch.dtype = torch.float32, *, _lib=None) -> torch.Tensor:
+    """Rows ``start … stop-1`` of the stream, shape ``(stop-start, *shape)``, drawn in parallel.
+
+    Args:
+        noise: a law of :data:`LAWS`.
+        shape: shape of one draw (P = prod(shape) elements).
+        start, stop: sample indices, ``0 ≤ start ≤ stop``.
+        seed: stream seed in [0, 2⁶³).
+        dtype: float32 or float64 (half types are drawn in float32 and cast).
+
+    Raises:
+        RuntimeError: the extension could not be built (:func:`unavailable_reason`).
+    """
+    code = _law_code(noise)
+    cdt = _compute_dtype(dtype)
+    seed = _check_seed(seed)
+    if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start <= stop):
+        raise ValueError(f"start, stop must be ints with 0 <= start <= stop, got {start!r}, {stop!r}")
+    shape = tuple(int(s) for s in shape)
+    lib = _module() if _lib is None else _lib  # _lib: another build of the source (tests)
+    out = torch.empty((stop - start,) + shape, dtype=cdt)
+    fp64 = cdt == torch.float64
+    if out.numel() and lib.mcgraph_philox_rows(code, math.prod(shape), start, stop, seed, fp64, out.data_ptr(),
+                                                torch.get_num_threads()) != 0:
+        raise RuntimeError("cpu_philox.rows: the library rejected its arguments")
+    return out.to(dtype)
+
+
+def segments_for(num_samples: int, numel: int) -> int:
+    """Sample segments of the statistics loop: enough work items for all cores, a function of (M, P) only."""
+    tiles = max(1, -(-numel // LANES))
+    return max(1, min(-(-TARGET_ITEMS // tiles), num_samples // MIN_SEGMENT))
+
+
+def statistics(noise: str, shape, num_samples: int, seed: int, keys,
+               dtype: torch.dtype = torch.float32) -> dict[tuple[int, int], torch.Tensor]:
+    """``{(a, j): mean_i ξ_i^a (log ξ_i)^j}`` of the stream, shape ``shape``, in one parallel pass.
+
+    .. math::
+        \\bar t_{a,j}[p] = \\frac1M \\sum_{i=1}^M \\xi_{i,p}^{a} (\\log \\xi_{i,p})^{j}
+
+    Args:
+        noise: a law of :data:`LAWS`.
+        shape: shape of one draw of ξ.
+        num_samples: M ≥ 1.
+        seed: stream seed in [0, 2⁶³).
+        keys: ``(a, j)`` pairs, ``a`` any int, ``j ≥ 0`` (``j > 0`` needs a positive law); ``(0, 0)`` is 1.
+        dtype: of the returned statistics (the sums are float64 whatever the dtype).
+
+    Raises:
+        RuntimeError: the extension could not be built (:func:`unavailable_reason`).
+    """
+    code = _law_code(noise)
+    _compute_dtype(dtype)
+    seed = _check_seed(seed)
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
+    keys = tuple(dict.fromkeys(tuple(k) for k in keys))
+    for a, j in keys:
+        if not isinstance(a, int) or not isinstance(j, int) or j < 0:
+            raise ValueError(f"keys: each key must be a pair (a, j) of ints with j >= 0, got {(a, j)!r}")
+        if j > 0 and noise not in POSITIVE:
+            raise ValueError(f"keys: {(a, j)} needs log ξ, but noise {noise!r} is not positive")
+    shape = tuple(int(s) for s in shape)
+    numel = math.prod(shape)
+    out = {k: torch.ones(shape, dtype=dtype) for k in keys if k == (0, 0)}
+    drawn = [k for k in keys if k != (0, 0)]
+    if not drawn:
+        return out
+    if numel == 0:
+        return {**out, **{k: torch.empty(shape, dtype=dtype) for k in drawn}}
+    lib = _module()
+    a = torch.tensor([k[0] for k in drawn], dtype=torch.int64)
+    j = torch.tensor([k[1] for k in drawn], dtype=torch.int64)
+    segments = segments_for(num_samples, numel)
+    seg_len = -(-num_samples // segments)
+    segments = -(-num_samples // seg_len)
+    tiles = -(-numel // LANES)
+    partial = torch.zeros((segments, len(drawn), tiles * LANES), dtype=torch.float64)
+    if lib.mcgraph_philox_stats(code, numel, num_samples, seed, len(drawn), a.data_ptr(), j.data_ptr(),
+                                dtype == torch.float64, segments, seg_len, partial.data_ptr(),
+                                torch.get_num_threads()) != 0:
+        raise RuntimeError("cpu_philox.statistics: the library rejected its arguments")
+    total = partial[0]
+    for s in range(1, segments):  # a fixed order: the same sums for any number of threads
+        total += partial[s]
+    means = total[:, :numel].div_(num_samples)
+    return {**out, **{k: means[n].reshape(shape).to(dtype) for n, k in enumerate(drawn)}}
+
+
+class PhiloxCPUStream:
+    """Rows of the compiled stream with the interface of :class:`mcgraph.noise.BlockStream`.
+
+    The direct, chunked and fused estimators read their rows through this object, so
+    they consume the same ξ as :func:`statistics` (the same-seed contract on this stream).
+
+    Args:
+        noise: a law of :data:`LAWS`.
+        shape: shape of one draw of ξ.
+        num_samples: M.
+        seed: stream seed.
+        dtype: of the rows.
+    """
+
+    device = torch.device("cpu")
+    owns_rows = False  # set by consumers of BlockStream; rows are always fresh tensors here
+
+    def __init__(self, noise: str, shape, num_samples: int, seed: int, dtype: torch.dtype):
+        self.noise = noise
+        self.shape = tuple(shape)
+        self.num_samples = num_samples
+        self.seed = seed
+        self.dtype = dtype
+
+    def rows(self, start: int, stop: int) -> torch.Tensor:
+        """Rows ``start … stop-1``, shape ``(stop-start, *shape)``."""
+        return rows(self.noise, self.shape, start, stop, self.seed, self.dtype)
+
+    def chunks(self, chunk_size: int):
+        """Yield ``(start, stop, rows)`` over the whole stream in chunks of ``chunk_size``."""
+        for start in range(0, self.num_samples, chunk_size):
+            stop = min(start + chunk_size, self.num_samples)
+            yield start, stop, self.rows(start, stop)
