@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import numbers
 from typing import Callable
 
@@ -14,9 +15,10 @@ from .estimators import chunked_value, collapsed_value, direct_value, fused_valu
 from .estimators.analytic import analytic_statistics
 from .estimators.sampling import default_chunk, samples, stream_for
 from .families import GenericForm, distribution_parameters, family_of
-from .integrands import floating, trace
+from .integrands import floating
 from .distributed import sharded
 from .noise import resolve_seed
+from .plan_cache import cached_trace
 from .stderr import MCEstimate, StderrCollector, refuse_with_process_group
 from .tuples import Plan, Tier, classify
 
@@ -62,12 +64,17 @@ def _example(form, seed: int) -> torch.Tensor:
         return samples(form, stream_for(form, seed, 1).rows(0, 1))[0]
 
 
+def _plan(fn: Callable, form, seed: int, method: str, taylor_order: int | None) -> Plan:
+    """The classified trace of ``fn``: from the plan cache where that is safe, else traced on a sample."""
+    traced, cache, reason = cached_trace(fn, form, lambda: _example(form, seed))
+    plan = classify(form, traced, method, taylor_order)
+    return dataclasses.replace(plan, cache=cache, cache_reason=reason)
+
+
 def plan_for(fn: Callable, dist: Distribution, *, seed: int = 0, method: str = "auto",
              taylor_order: int | None = None) -> Plan:
-    """Trace ``fn`` under ``dist`` and classify it (no Monte Carlo work)."""
-    form = family_of(dist)
-    traced = trace(fn, _example(form, seed))
-    return classify(form, traced, method, taylor_order)
+    """Trace ``fn`` under ``dist`` (or reuse the plan cache's trace) and classify it (no Monte Carlo work)."""
+    return _plan(fn, family_of(dist), seed, method, taylor_order)
 
 
 def explain(fn: Callable, dist: Distribution, *, method: str = "auto", taylor_order: int | None = None) -> Plan:
@@ -75,7 +82,8 @@ def explain(fn: Callable, dist: Distribution, *, method: str = "auto", taylor_or
 
     Returns the frozen :class:`~mcgraph.tuples.Plan`; its ``str()`` lists, per term,
     the tier, the parameterization tuple (G, n, t) in words, d_P, and why a term
-    is not collapsible.
+    is not collapsible, and whether the trace came from the plan cache
+    (:mod:`mcgraph.plan_cache`; ``plan.cache``).
 
     Example:
         >>> import torch, mcgraph as mg
@@ -257,8 +265,7 @@ def expectation(fn: Callable, dist: Distribution, num_samples: int, *, seed: int
         _check_finite(dist, "dist")
         seed = resolve_seed(seed)
         chunk = _check_chunk(chunk_size)
-        traced = trace(fn, _example(form, seed))
-        plan = classify(form, traced, method, taylor_order)
+        plan = _plan(fn, form, seed, method, taylor_order)
         return evaluate(plan, fn, seed, num_samples, chunk, return_stderr, shard)
 
 
