@@ -131,9 +131,7 @@ class LocationScalePolynomial(torch.autograd.Function):
         tensor_coefs = rest[K:]
         coefs = _merge_coefs(numbers, tensor_coefs)
         E = _moments(loc, scale, stats, K)
-        value = 0
-        for k, c in zip(degrees, coefs):
-            value = value + c * E[k]
+        value = _weighted_sum([(c, E[k]) for k, c in zip(degrees, coefs)], scale)
         ctx.degrees, ctx.numbers, ctx.K = degrees, numbers, K
         ctx.shapes = (loc.shape, scale.shape, [c.shape for c in tensor_coefs])
         ctx.save_for_backward(loc, scale, *rest)
@@ -149,27 +147,58 @@ class LocationScalePolynomial(torch.autograd.Function):
         coefs = _merge_coefs(ctx.numbers, tensor_coefs)
         need_loc, need_scale = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
         need_coefs = ctx.needs_input_grad[4 + K:]
-        E = _moments(loc, scale, stats, K) if (need_loc or any(need_coefs)) else None
+        tensor_degrees = [k for n, k in zip(ctx.numbers, ctx.degrees) if n is None]
+        # The moments needed: E_0..E_{K-1} for μ, E_k for a coefficient c_k that needs a gradient.
+        top = max([K - 1 if need_loc else 0] + [k for need, k in zip(need_coefs, tensor_degrees) if need])
+        E = _moments(loc, scale, stats, top) if top > 0 else [1.0]
         grad_loc = grad_scale = None
         if need_loc:
-            d = 0
-            for k, c in zip(ctx.degrees, coefs):
-                if k:
-                    d = d + (c * k) * E[k - 1]
+            d = _weighted_sum([(_times(c, k), E[k - 1]) for k, c in zip(ctx.degrees, coefs) if k], scale)
             grad_loc = _to_shape(g * d, ctx.shapes[0])
         if need_scale:
             shifted = {(j, 0): stats[(j + 1, 0)] for j in range(0, K)}
             F = _moments_shifted(loc, scale, shifted, K - 1)
-            d = 0
-            for k, c in zip(ctx.degrees, coefs):
-                if k:
-                    d = d + (c * k) * F[k - 1]
+            d = _weighted_sum([(_times(c, k), F[k - 1]) for k, c in zip(ctx.degrees, coefs) if k], scale)
             grad_scale = _to_shape(g * d, ctx.shapes[1])
         coef_grads = []
-        tensor_degrees = [k for n, k in zip(ctx.numbers, ctx.degrees) if n is None]
         for need, k, shape in zip(need_coefs, tensor_degrees, ctx.shapes[2]):
             coef_grads.append(_to_shape(g * E[k], shape) if need else None)
         return (None, None, grad_loc, grad_scale, *([None] * K), *coef_grads)
+
+
+def _times(c, k: int):
+    """``c · k`` (``c`` a Python number or a tensor; no multiplication for k = 1)."""
+    return c if k == 1 else c * k
+
+
+def _weighted_sum(pairs, like: torch.Tensor) -> torch.Tensor:
+    """``Σ c · x`` over ``(c, x)`` pairs, ``x`` a tensor or the number 1, in one pass per tensor term.
+
+    Constant terms (``x = 1``) are added first, so that each tensor term is one fused ``add`` /
+    ``addcmul`` into the running sum instead of a product and a sum.
+    """
+    const = None
+    for c, x in pairs:
+        if not isinstance(x, torch.Tensor):
+            term = c * x if x != 1 else c
+            const = term if const is None else const + term
+    out = const
+    for c, x in pairs:
+        if not isinstance(x, torch.Tensor):
+            continue
+        if out is None:
+            out = x * c
+        elif isinstance(c, torch.Tensor):
+            out = torch.addcmul(out if isinstance(out, torch.Tensor) else _scalar(out, like), c, x)
+        else:
+            out = torch.add(out if isinstance(out, torch.Tensor) else _scalar(out, like), x, alpha=c)
+    if out is None:
+        out = 0.0
+    return out if isinstance(out, torch.Tensor) else _scalar(out, like)
+
+
+def _scalar(x, like: torch.Tensor) -> torch.Tensor:
+    return torch.as_tensor(x, dtype=like.dtype, device=like.device)
 
 
 def _moments_shifted(mu, sigma, shifted: dict, K: int) -> list:
