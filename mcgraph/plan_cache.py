@@ -10,6 +10,7 @@ draw plus every operation of ``fn`` on it. The trace is a function of
   the attributes of the ``torch.distributions`` objects (and their transforms and constraints)
   among them;
 * the sample's shape, dtype and device (a trace reads shapes, never values of w);
+* torch's global settings: grad mode, autocast, the default dtype, distribution validation;
 * the integrand registry (:func:`mcgraph.register_integrand`).
 
 The cache key holds all of it: Python scalars, strings, dtypes and shapes by value; a tensor
@@ -295,12 +296,21 @@ def _registry_state() -> tuple:
     return (integrands.registry_generation(), len(integrands.ELEMENTWISE_OPS), len(integrands.LINEAR_OPS))
 
 
+def _torch_state(device: torch.device) -> tuple:
+    """The global torch settings a trace can depend on: grad mode, autocast, default dtype, validation."""
+    kind = device.type
+    autocast = (torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)) \
+        if kind in ("cpu", "cuda") else ()
+    return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), autocast, torch.get_default_dtype(),
+            Distribution._validate_args)
+
+
 def _key(fn: Callable, form) -> tuple[tuple, tuple, bool]:
     k = _Keyer()
     k.add(fn)
     # A trace reads the sample's shape, dtype and device, never its values.
     sample = (type(form), tuple(form.shape), form.dtype, form.device)
-    return (sample, _registry_state(), tuple(k.parts)), tuple(k.refs), k.by_identity
+    return (sample, _torch_state(form.device), _registry_state(), tuple(k.parts)), tuple(k.refs), k.by_identity
 
 
 # --------------------------------------------------------------------------- what a trace holds

@@ -260,3 +260,21 @@ def test_registration_invalidates():
     assert mg.explain(fn, q).cache == "hit"
     mg.register_integrand("abs")  # already elementwise: a registration all the same
     assert mg.explain(fn, q).cache == "stored"
+
+
+def test_key_holds_grad_mode_and_autocast():
+    """A trace made under no_grad (constants without autograd history) is not reused with grad on."""
+    mu, rho = _q()
+    loc = torch.tensor(0.3, requires_grad=True)
+    q = Normal(mu, rho.exp())
+    with torch.no_grad():
+        mg.expectation(Normal(loc, 1.0).log_prob, q, 4, seed=0)
+    got = torch.autograd.grad(mg.expectation(Normal(loc, 1.0).log_prob, q, 4, seed=0).sum(), loc)
+    with plan_cache.disabled():
+        ref = torch.autograd.grad(mg.expectation(Normal(loc, 1.0).log_prob, q, 4, seed=0).sum(), loc)
+    assert torch.equal(got[0], ref[0])
+    fn = lambda w: (w.reshape(5, 1) @ torch.ones(1, 2)).tanh()  # noqa: E731
+    plain = mg.expectation(fn, q, 4, seed=0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = mg.expectation(fn, q, 4, seed=0)
+    assert (plain.dtype, low.dtype) == (torch.float32, torch.bfloat16)

@@ -172,29 +172,46 @@ def _times(c, k: int):
 
 
 def _weighted_sum(pairs, like: torch.Tensor) -> torch.Tensor:
-    """``Σ c · x`` over ``(c, x)`` pairs, ``x`` a tensor or the number 1, in one pass per tensor term.
+    """``Σ c · x`` over ``(c, x)`` pairs (``c`` a number or a tensor, ``x`` a tensor or the number 1).
 
-    Constant terms (``x = 1``) are added first, so that each tensor term is one fused ``add`` /
-    ``addcmul`` into the running sum instead of a product and a sum.
+    One pass per tensor term: the first term is a product, each further one a fused in-place
+    ``add_(x, alpha=c)`` / ``addcmul_(c, x)`` into it, the constant terms added last. A one-element
+    coefficient (0-d, on the CPU) is read as a number (a tensor operand of one element broadcast through a
+    fused kernel is several times slower than a scalar).
     """
+    pairs = [(_as_number(c), x) for c, x in pairs]
     const = None
+    terms = []
     for c, x in pairs:
-        if not isinstance(x, torch.Tensor):
+        if isinstance(x, torch.Tensor):
+            terms.append((c, x))
+        else:
             term = c * x if x != 1 else c
             const = term if const is None else const + term
-    out = const
-    for c, x in pairs:
-        if not isinstance(x, torch.Tensor):
-            continue
-        if out is None:
-            out = x * c
-        elif isinstance(c, torch.Tensor):
-            out = torch.addcmul(out if isinstance(out, torch.Tensor) else _scalar(out, like), c, x)
+    if not terms:
+        return _scalar(0.0 if const is None else const, like) if not isinstance(const, torch.Tensor) else const
+    (c, x), rest = terms[0], terms[1:]
+    out = x * c
+    tensors = [t for pair in terms for t in pair if isinstance(t, torch.Tensor)]
+    if isinstance(const, torch.Tensor):
+        tensors.append(const)
+    in_place = all(t.dtype == out.dtype for t in tensors) and \
+        torch.broadcast_shapes(*(t.shape for t in tensors)) == out.shape
+    for c, x in rest:
+        if isinstance(c, torch.Tensor):
+            out = out.addcmul_(c, x) if in_place else torch.addcmul(out, c, x)
         else:
-            out = torch.add(out if isinstance(out, torch.Tensor) else _scalar(out, like), x, alpha=c)
-    if out is None:
-        out = 0.0
-    return out if isinstance(out, torch.Tensor) else _scalar(out, like)
+            out = out.add_(x, alpha=c) if in_place else torch.add(out, x, alpha=c)
+    if const is not None:
+        out = out.add_(const) if in_place else out + const
+    return out
+
+
+def _as_number(c):
+    """A 0-d CPU tensor coefficient as a Python number (no device synchronisation); else ``c``."""
+    if isinstance(c, torch.Tensor) and c.dim() == 0 and c.device.type == "cpu" and not c.requires_grad:
+        return c.item()
+    return c
 
 
 def _scalar(x, like: torch.Tensor) -> torch.Tensor:
