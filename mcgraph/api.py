@@ -363,14 +363,18 @@ def _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, re
             if return_stderr:
                 cross, cross_se, _ = cross
         try:
-            neg_entropy = -q.entropy()
+            entropy = q.entropy()
         except NotImplementedError:
+            entropy = None
+        if entropy is not None:  # −(H + E[log p]): one negation (forward and backward) instead of two
+            value = (entropy + cross).neg()
+        else:
             neg_entropy = expectation(q.log_prob, q, num_samples, seed=seed, method="auto"
                                       if method in ("collapsed", "collapsed-exact", "fused") else method,
                                       chunk_size=chunk_size, return_stderr=return_stderr, process_group=shard)
             if return_stderr:
                 neg_entropy, neg_entropy_se, _ = neg_entropy
-        value = neg_entropy - cross
+            value = neg_entropy - cross
         if not return_stderr:
             return value
         if neg_entropy_se is None or not bool((neg_entropy_se > 0).any()):

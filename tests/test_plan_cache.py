@@ -278,3 +278,16 @@ def test_key_holds_grad_mode_and_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         low = mg.expectation(fn, q, 4, seed=0)
     assert (plain.dtype, low.dtype) == (torch.float32, torch.bfloat16)
+
+
+def test_readme_example_runs(capsys):
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text.split("### The plan cache", 1)[1].split("\n### ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    exec(compile(code, "README.md (plan cache)", "exec"), {})
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == ["stored", "hit"] and "not stored in the plan cache" in out[3]
+    assert plan_cache.info().max_size == 64

@@ -179,7 +179,10 @@ def _weighted_sum(pairs, like: torch.Tensor) -> torch.Tensor:
     coefficient (0-d, on the CPU) is read as a number (a tensor operand of one element broadcast through a
     fused kernel is several times slower than a scalar).
     """
-    pairs = [(_as_number(c), x) for c, x in pairs]
+    # A zero coefficient (a prior's mean 0 gives 0·w) costs a pass and adds nothing: the moments are
+    # finite where the parameters and the noise are.
+    pairs = [(c, x) for c, x in ((_as_number(c), x) for c, x in pairs)
+             if isinstance(c, torch.Tensor) or c != 0]
     const = None
     terms = []
     for c, x in pairs:
@@ -189,20 +192,20 @@ def _weighted_sum(pairs, like: torch.Tensor) -> torch.Tensor:
             term = c * x if x != 1 else c
             const = term if const is None else const + term
     if not terms:
-        return _scalar(0.0 if const is None else const, like) if not isinstance(const, torch.Tensor) else const
+        return const if isinstance(const, torch.Tensor) else _scalar(0.0 if const is None else const, like)
     (c, x), rest = terms[0], terms[1:]
     out = x * c
     tensors = [t for pair in terms for t in pair if isinstance(t, torch.Tensor)]
     if isinstance(const, torch.Tensor):
         tensors.append(const)
     in_place = all(t.dtype == out.dtype for t in tensors) and \
-        torch.broadcast_shapes(*(t.shape for t in tensors)) == out.shape
+        _broadcast(*(t.shape for t in tensors)) == tuple(out.shape)
     for c, x in rest:
         if isinstance(c, torch.Tensor):
             out = out.addcmul_(c, x) if in_place else torch.addcmul(out, c, x)
         else:
             out = out.add_(x, alpha=c) if in_place else torch.add(out, x, alpha=c)
-    if const is not None:
+    if const is not None and (isinstance(const, torch.Tensor) or const != 0):
         out = out.add_(const) if in_place else out + const
     return out
 
@@ -239,8 +242,23 @@ def _moments_shifted(mu, sigma, shifted: dict, K: int) -> list:
 
 def _to_shape(x: torch.Tensor, shape) -> torch.Tensor:
     """Reduce a broadcast gradient to ``shape`` (expanding first if it is smaller)."""
-    full = torch.broadcast_shapes(x.shape, shape)
-    return x.expand(full).sum_to_size(shape) if full != x.shape else x.sum_to_size(shape)
+    if tuple(x.shape) == tuple(shape):
+        return x
+    full = _broadcast(x.shape, shape)
+    return x.expand(full).sum_to_size(shape) if full != tuple(x.shape) else x.sum_to_size(shape)
+
+
+def _broadcast(*shapes) -> tuple:
+    """``torch.broadcast_shapes`` for the shapes of existing tensors, without its per-call overhead."""
+    ndim = max(len(s) for s in shapes)
+    out = [1] * ndim
+    for s in shapes:
+        for i, n in enumerate(s, ndim - len(s)):
+            if n != 1:
+                if out[i] not in (1, n):
+                    raise RuntimeError(f"shapes {[tuple(x) for x in shapes]} do not broadcast")
+                out[i] = n
+    return tuple(out)
 
 
 def _merge_coefs(numbers, tensor_coefs) -> list:
