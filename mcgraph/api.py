@@ -150,8 +150,8 @@ def _run_tiers(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size
     exact_stats = analytic_statistics(form, set().union(*(t.stat_keys for t in analytic))) if analytic else {}
     piece_values: dict[int, torch.Tensor] = {}
     for term in plan.terms:
-        if term.tier == Tier.COLLAPSED:
-            v = collapsed_value(form, term, stats)
+        if term.tier == Tier.COLLAPSED:  # one sample: t̄_j = ξ^j, the polynomial is evaluated at w itself
+            v = collapsed_value(form, term, stats, one_sample=num_samples == 1)
         elif term.tier == Tier.ANALYTIC:
             v = collapsed_value(form, term, exact_stats)
         else:

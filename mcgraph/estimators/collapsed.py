@@ -166,6 +166,66 @@ class LocationScalePolynomial(torch.autograd.Function):
         return (None, None, grad_loc, grad_scale, *([None] * K), *coef_grads)
 
 
+class OneSamplePolynomial(LocationScalePolynomial):
+    """:class:`LocationScalePolynomial` when the statistics come from one sample (M = 1).
+
+    Same inputs, same saved tensors (so the same graph size), fewer passes: with one sample
+    t̄_j = ξ^j, so ``E_k = u^k`` for ``u = μ + σ ξ`` (ξ = t̄_1), and
+
+    .. math::
+        V = \\sum_k c_k u^k, \\qquad \\frac{\\partial V}{\\partial \\mu} = D = \\sum_k k c_k u^{k-1}, \\qquad
+        \\frac{\\partial V}{\\partial \\sigma} = D\\,\\xi, \\qquad \\frac{\\partial V}{\\partial c_k} = u^k.
+
+    VJP: ``grad_μ = sum_to_size(g·D)``, ``grad_σ = sum_to_size(g·D·ξ)``,
+    ``grad_c_k = sum_to_size(g·u^k)``.
+    """
+
+    @staticmethod
+    def forward(ctx, degrees, numbers, loc, scale, *rest):
+        K = max(degrees)
+        coefs = _merge_coefs(numbers, rest[K:])
+        powers = _powers(loc, scale, rest[0], K)
+        value = _weighted_sum([(c, powers[k]) for k, c in zip(degrees, coefs)], scale)
+        ctx.degrees, ctx.numbers, ctx.K = degrees, numbers, K
+        ctx.shapes = (loc.shape, scale.shape, [c.shape for c in rest[K:]])
+        ctx.save_for_backward(loc, scale, *rest)
+        return torch.as_tensor(value, dtype=scale.dtype, device=scale.device)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        loc, scale, *rest = ctx.saved_tensors
+        K = ctx.K
+        xi, tensor_coefs = rest[0], rest[K:]
+        coefs = _merge_coefs(ctx.numbers, tensor_coefs)
+        need_loc, need_scale = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+        need_coefs = ctx.needs_input_grad[4 + K:]
+        tensor_degrees = [k for n, k in zip(ctx.numbers, ctx.degrees) if n is None]
+        needed = [k for need, k in zip(need_coefs, tensor_degrees) if need]
+        top = max([K - 1 if (need_loc or need_scale) else 0] + needed)
+        powers = _powers(loc, scale, xi, top) if top > 0 else [1.0]
+        grad_loc = grad_scale = None
+        if need_loc or need_scale:
+            d = _weighted_sum([(_times(c, k), powers[k - 1]) for k, c in zip(ctx.degrees, coefs) if k], scale)
+            gd = g * d
+            grad_loc = _to_shape(gd, ctx.shapes[0]) if need_loc else None
+            grad_scale = _to_shape(gd * xi, ctx.shapes[1]) if need_scale else None
+        coef_grads = []
+        for need, k, shape in zip(need_coefs, tensor_degrees, ctx.shapes[2]):
+            coef_grads.append(_to_shape(g * powers[k], shape) if need else None)
+        return (None, None, grad_loc, grad_scale, *([None] * K), *coef_grads)
+
+
+def _powers(loc, scale, xi, K: int) -> list:
+    """``[1, u, u², …, u^K]`` for ``u = loc + scale·ξ``."""
+    out = [1.0]
+    if K >= 1:
+        out.append(loc + scale * xi)
+    for _ in range(2, K + 1):
+        out.append(out[-1] * out[1])
+    return out
+
+
 def _times(c, k: int):
     """``c · k`` (``c`` a Python number or a tensor; no multiplication for k = 1)."""
     return c if k == 1 else c * k
@@ -266,8 +326,12 @@ def _merge_coefs(numbers, tensor_coefs) -> list:
     return [next(it) if n is None else n for n in numbers]
 
 
-def collapsed_value(form: SamplingForm, term: TermPlan, stats: dict) -> torch.Tensor:
-    """``Σ_m c_m · E[u^m]`` for a collapsed term (or its Taylor approximation)."""
+def collapsed_value(form: SamplingForm, term: TermPlan, stats: dict, one_sample: bool = False) -> torch.Tensor:
+    """``Σ_m c_m · E[u^m]`` for a collapsed term (or its Taylor approximation).
+
+    ``one_sample``: the statistics are those of a single sample (M = 1: t̄_j = ξ^j), so a
+    location-scale polynomial is evaluated at ``u = μ + σξ`` directly (:class:`OneSamplePolynomial`).
+    """
     if term.approximate:
         return taylor_value(form, term, stats)
     if not form.is_scaling:
@@ -279,7 +343,8 @@ def collapsed_value(form: SamplingForm, term: TermPlan, stats: dict) -> torch.Te
         numbers = tuple(None if isinstance(c, torch.Tensor) else float(c) for c in coefs)
         tensor_coefs = [c for c in coefs if isinstance(c, torch.Tensor)]
         stat_list = [stats[(j, 0)] for j in range(1, K + 1)]
-        return LocationScalePolynomial.apply(degrees, numbers, form.loc, form.scale, *stat_list, *tensor_coefs)
+        function = OneSamplePolynomial if one_sample else LocationScalePolynomial
+        return function.apply(degrees, numbers, form.loc, form.scale, *stat_list, *tensor_coefs)
     out = 0
     for (a, b), c in term.monomials:
         moment = base_moment(form, a, b, stats) if (a, b) != (0, 0) else 1.0
