@@ -169,13 +169,15 @@ class LocationScalePolynomial(torch.autograd.Function):
 class OneSamplePolynomial(LocationScalePolynomial):
     """:class:`LocationScalePolynomial` when the statistics come from one sample (M = 1).
 
-    Same inputs, same saved tensors (so the same graph size), fewer passes: with one sample
+    Same inputs, same saved bytes (so the same graph size), fewer passes: with one sample
     t̄_j = ξ^j, so ``E_k = u^k`` for ``u = μ + σ ξ`` (ξ = t̄_1), and
 
     .. math::
         V = \\sum_k c_k u^k, \\qquad \\frac{\\partial V}{\\partial \\mu} = D = \\sum_k k c_k u^{k-1}, \\qquad
         \\frac{\\partial V}{\\partial \\sigma} = D\\,\\xi, \\qquad \\frac{\\partial V}{\\partial c_k} = u^k.
 
+    For K ≥ 2 it saves ``u`` in the place of t̄_2 (which one sample does not need; same shape and
+    dtype), so the backward pass does not recompute it.
     VJP: ``grad_μ = sum_to_size(g·D)``, ``grad_σ = sum_to_size(g·D·ξ)``,
     ``grad_c_k = sum_to_size(g·u^k)``.
     """
@@ -188,7 +190,11 @@ class OneSamplePolynomial(LocationScalePolynomial):
         value = _weighted_sum([(c, powers[k]) for k, c in zip(degrees, coefs)], scale)
         ctx.degrees, ctx.numbers, ctx.K = degrees, numbers, K
         ctx.shapes = (loc.shape, scale.shape, [c.shape for c in rest[K:]])
-        ctx.save_for_backward(loc, scale, *rest)
+        saved = list(rest)
+        ctx.u_saved = K >= 2 and powers[1].shape == rest[1].shape and powers[1].dtype == rest[1].dtype
+        if ctx.u_saved:
+            saved[1] = powers[1]
+        ctx.save_for_backward(loc, scale, *saved)
         return torch.as_tensor(value, dtype=scale.dtype, device=scale.device)
 
     @staticmethod
@@ -203,7 +209,12 @@ class OneSamplePolynomial(LocationScalePolynomial):
         tensor_degrees = [k for n, k in zip(ctx.numbers, ctx.degrees) if n is None]
         needed = [k for need, k in zip(need_coefs, tensor_degrees) if need]
         top = max([K - 1 if (need_loc or need_scale) else 0] + needed)
-        powers = _powers(loc, scale, xi, top) if top > 0 else [1.0]
+        if top == 0:
+            powers = [1.0]
+        elif ctx.u_saved:
+            powers = _powers(None, None, None, top, u=rest[1])
+        else:
+            powers = _powers(loc, scale, xi, top)
         grad_loc = grad_scale = None
         if need_loc or need_scale:
             d = _weighted_sum([(_times(c, k), powers[k - 1]) for k, c in zip(ctx.degrees, coefs) if k], scale)
@@ -216,11 +227,11 @@ class OneSamplePolynomial(LocationScalePolynomial):
         return (None, None, grad_loc, grad_scale, *([None] * K), *coef_grads)
 
 
-def _powers(loc, scale, xi, K: int) -> list:
-    """``[1, u, u², …, u^K]`` for ``u = loc + scale·ξ``."""
+def _powers(loc, scale, xi, K: int, u=None) -> list:
+    """``[1, u, u², …, u^K]`` for ``u = loc + scale·ξ`` (or the given ``u``)."""
     out = [1.0]
     if K >= 1:
-        out.append(loc + scale * xi)
+        out.append(loc + scale * xi if u is None else u)
     for _ in range(2, K + 1):
         out.append(out[-1] * out[1])
     return out
