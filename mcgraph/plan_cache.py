@@ -208,8 +208,15 @@ class _Keyer:
             for k, v in x.items():
                 self.add(k)
                 self.add(v)
-        elif isinstance(x, (types.ModuleType, type)) or _is_builtin(x):
+        elif isinstance(x, (types.ModuleType, type)):
             self.parts.append(("id", id(x)))
+        elif _is_builtin(x):
+            owner = getattr(x, "__self__", None)
+            if owner is None or isinstance(owner, (types.ModuleType, type)):
+                self.parts.append(("id", id(x)))
+            else:  # bound to an object (``t.mul``): the method's name and what it is bound to
+                self.parts.append(("bound", type(x), getattr(x, "__name__", None)))
+                self.add(owner)
         elif isinstance(x, types.FunctionType):
             self._function(x)
         elif isinstance(x, types.MethodType):

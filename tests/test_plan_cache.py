@@ -291,3 +291,15 @@ def test_readme_example_runs(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[:2] == ["stored", "hit"] and "not stored in the plan cache" in out[3]
     assert plan_cache.info().max_size == 64
+
+
+def test_bound_builtin_methods_key_their_tensor():
+    """``c.mul`` is keyed by the tensor it is bound to, not by the (short-lived) method object."""
+    q = Normal(torch.zeros(3), torch.ones(3))
+    for value in (1.0, 2.0, 3.0, 2.0):
+        c = torch.tensor(value)
+        got = mg.expectation(c.mul, q, 4, seed=0)
+        with plan_cache.disabled():
+            ref = mg.expectation(c.mul, q, 4, seed=0)
+        assert torch.equal(got, ref)
+    assert plan_cache.info().hits == 1  # 2.0 came back
