@@ -40,7 +40,11 @@ traced and not stored (and why).
 
 Switches: :func:`set_enabled` (or the environment variable ``MCGRAPH_PLAN_CACHE=0``),
 :func:`disabled` (a context manager), :func:`clear`, :func:`set_max_size` (LRU, default
-:data:`DEFAULT_MAX_SIZE` entries), :func:`info` (hits, misses, stores, size).
+:data:`DEFAULT_MAX_SIZE` entries, and at most :data:`MAX_BYTES` of tensors held by the stored
+traces), :func:`info` (hits, misses, stores, size). In-place changes of a tensor keyed by identity
+must go through torch operations, which bump ``tensor._version`` (part of the key): a trace's
+decision on such a tensor's values (an integer exponent read from it) is not redone on a ``.data``
+write.
 
 Example:
     >>> import torch, mcgraph as mg
@@ -73,11 +77,14 @@ from torch.distributions.transforms import Transform
 from . import integrands
 from .integrands import Node, TraceResult, trace
 
-__all__ = ["CacheInfo", "DEFAULT_MAX_SIZE", "SMALL_TENSOR_BYTES", "cached_trace", "clear", "disabled", "info",
-           "set_enabled", "set_max_size"]
+__all__ = ["CacheInfo", "DEFAULT_MAX_SIZE", "MAX_BYTES", "SMALL_TENSOR_BYTES", "cached_trace", "clear",
+           "disabled", "info", "set_enabled", "set_max_size"]
 
 #: Entries kept (least recently used dropped first).
 DEFAULT_MAX_SIZE = 256
+#: Bytes of tensors the stored traces may hold together (their constants, the tensors they key by
+#: identity); least recently used entries are dropped beyond it, and a trace holding more is not stored.
+MAX_BYTES = 256 * 2**20
 #: Tensors whose storage holds at most this many bytes are keyed by value (CPU, no grad).
 SMALL_TENSOR_BYTES = 1024
 #: Values visited per key at most; a larger reachable state is not cached.
@@ -109,12 +116,14 @@ class _Uncacheable(Exception):
 class _Entry:
     trace: TraceResult
     refs: tuple  # the identity-keyed objects, kept alive so that their ids stay theirs
+    nbytes: int  # bytes of the tensors held (deduplicated by storage)
 
 
 class _State:
     def __init__(self):
         self.entries: OrderedDict = OrderedDict()
         self.max_size = DEFAULT_MAX_SIZE
+        self.nbytes = 0
         setting = os.environ.get("MCGRAPH_PLAN_CACHE", "1").strip().lower()
         self.enabled = setting not in ("0", "off", "false", "no")
         self.hits = self.misses = self.stored = self.uncacheable = 0
@@ -144,6 +153,7 @@ def disabled():
 def clear() -> None:
     """Drop every entry and reset the counters."""
     _STATE.entries.clear()
+    _STATE.nbytes = 0
     _STATE.hits = _STATE.misses = _STATE.stored = _STATE.uncacheable = 0
 
 
@@ -162,8 +172,24 @@ def info() -> CacheInfo:
 
 
 def _evict() -> None:
-    while len(_STATE.entries) > _STATE.max_size:
-        _STATE.entries.popitem(last=False)
+    while _STATE.entries and (len(_STATE.entries) > _STATE.max_size or _STATE.nbytes > MAX_BYTES):
+        _, entry = _STATE.entries.popitem(last=False)
+        _STATE.nbytes -= entry.nbytes
+
+
+def _held_bytes(tensors) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # no plain storage (sparse, …): its elements
+            total += t.numel() * t.element_size()
+            continue
+        key = (storage.data_ptr(), t.device)
+        if key not in seen:
+            seen.add(key)
+            total += storage.nbytes()
+    return total
 
 
 # --------------------------------------------------------------------------- keys
@@ -317,7 +343,8 @@ def _key(fn: Callable, form) -> tuple[tuple, tuple, bool]:
     k.add(fn)
     # A trace reads the sample's shape, dtype and device, never its values.
     sample = (type(form), tuple(form.shape), form.dtype, form.device)
-    return (sample, _torch_state(form.device), _registry_state(), tuple(k.parts)), tuple(k.refs), k.by_identity
+    key = (sample, _torch_state(form.device), _registry_state(), tuple(k.parts))
+    return key, tuple(k.refs), k.by_identity
 
 
 # --------------------------------------------------------------------------- what a trace holds
@@ -437,7 +464,12 @@ def cached_trace(fn: Callable, form, example: Callable[[], torch.Tensor]) -> tup
         return result, "not stored", reason
     if _STATE.max_size == 0:
         return result, "not stored", "the cache's max_size is 0"
-    _STATE.entries[key] = _Entry(result, refs)
+    nbytes = _held_bytes(_trace_tensors(result) + [r for r in refs if isinstance(r, torch.Tensor)])
+    if nbytes > MAX_BYTES:
+        _STATE.uncacheable += 1
+        return result, "not stored", f"the trace holds {nbytes / 2**20:.0f} MiB of tensors (over MAX_BYTES)"
+    _STATE.entries[key] = _Entry(result, refs, nbytes)
+    _STATE.nbytes += nbytes
     _STATE.stored += 1
     _evict()
     return result, "stored", ""

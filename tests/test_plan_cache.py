@@ -303,3 +303,17 @@ def test_bound_builtin_methods_key_their_tensor():
             ref = mg.expectation(c.mul, q, 4, seed=0)
         assert torch.equal(got, ref)
     assert plan_cache.info().hits == 1  # 2.0 came back
+
+
+def test_cache_is_bounded_in_bytes(monkeypatch):
+    """Traces holding large tensors are dropped least recently used first beyond MAX_BYTES."""
+    q = Normal(torch.zeros(4096), torch.ones(4096))
+    monkeypatch.setattr(plan_cache, "MAX_BYTES", 3 * 4096 * 4)
+    tensors = [torch.full((4096,), float(k)) for k in range(5)]
+    for c in tensors:
+        assert mg.explain(lambda w, c=c: torch.maximum(w, c), q).cache == "stored"  # c used as it is
+    info = plan_cache.info()
+    assert info.size == 3 and plan_cache._STATE.nbytes <= plan_cache.MAX_BYTES
+    view = torch.zeros(4 * 4096)[:4096]  # its whole storage counts
+    plan = mg.explain(lambda w: torch.maximum(w, view), q)
+    assert plan.cache == "not stored" and "MAX_BYTES" in plan.cache_reason
