@@ -14,8 +14,9 @@ draw plus every operation of ``fn`` on it. The trace is a function of
 * the integrand registry (:func:`mcgraph.register_integrand`).
 
 The cache key holds all of it: Python scalars, strings, dtypes and shapes by value; a tensor
-whose storage is small (≤ :data:`SMALL_TENSOR_BYTES`, on the CPU, not requiring grad) by its
-bytes; any other tensor by identity (the entry keeps a reference, so an id cannot be reused).
+whose storage is small (≤ :data:`SMALL_TENSOR_BYTES`, not requiring grad) by its bytes (read
+back from an accelerator: one small copy, like the finiteness check of the parameters); any
+other tensor by identity (the entry keeps a reference, so an id cannot be reused).
 A later call with an equal key reuses the trace and draws no example. The trace's constants
 were computed from the reached values when it was made (``p.scale.log()`` inside
 ``log_prob``), so a hit is safe only where those constants would be recomputed equal, with
@@ -26,10 +27,10 @@ the same autograd connection. The cache therefore stores a trace only when
 2. no tensor in the trace carries an autograd history (``grad_fn``): such a constant is
    derived from a tensor that requires grad, and the current call's gradients must flow
    through a fresh derivation from the current tensors;
-3. and, when some reached tensor is keyed by identity (large, requiring grad, or on an
-   accelerator), every tensor in the trace is one of the reached tensors itself (read live
-   at evaluation, so in-place updates are seen): a constant derived from a large tensor
-   could go stale without a visible change (``t.data`` updates do not bump ``t._version``).
+3. and, when some reached tensor is keyed by identity (large, or requiring grad), every
+   tensor in the trace is one of the reached tensors itself (read live at evaluation, so
+   in-place updates are seen): a constant derived from a large tensor could go stale without
+   a visible change (``t.data`` updates do not bump ``t._version``).
 
 A prior with scalar parameters rebuilt for every call (what ``mg.nn`` layers do) keys by
 value and hits; a prior with learned parameters, or ``q.log_prob`` of a posterior whose
@@ -85,7 +86,7 @@ DEFAULT_MAX_SIZE = 256
 #: Bytes of tensors the stored traces may hold together (their constants, the tensors they key by
 #: identity); least recently used entries are dropped beyond it, and a trace holding more is not stored.
 MAX_BYTES = 256 * 2**20
-#: Tensors whose storage holds at most this many bytes are keyed by value (CPU, no grad).
+#: Tensors whose storage holds at most this many bytes are keyed by value (unless they require grad).
 SMALL_TENSOR_BYTES = 1024
 #: Values visited per key at most; a larger reachable state is not cached.
 MAX_VALUES = 512
@@ -274,11 +275,11 @@ class _Keyer:
         if type(t) not in (torch.Tensor, torch.nn.Parameter):
             raise _Uncacheable(f"fn reaches a tensor subclass ({type(t).__name__})")
         meta = (t.shape, t.dtype, t.device, t.requires_grad)
-        if (not t.requires_grad and t.device.type == "cpu" and t.layout == torch.strided
+        if (not t.requires_grad and t.device.type != "meta" and t.layout == torch.strided
                 and t.untyped_storage().nbytes() <= SMALL_TENSOR_BYTES):
             with torch.no_grad():
                 flat = t.detach().resolve_conj().resolve_neg().contiguous().view(-1)
-                data = flat.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+                data = flat.view(torch.uint8).cpu().numpy().tobytes() if t.numel() else b""
             self.parts.append(("value", *meta, data))
             return
         self.by_identity = True
@@ -427,8 +428,8 @@ def _why_not_stored(result: TraceResult, refs: tuple, by_identity: bool) -> str:
     if by_identity:
         reached = {id(r) for r in refs if isinstance(r, torch.Tensor)}
         if any(id(t) not in reached for t in tensors):
-            return ("a constant of the trace is computed from a tensor keyed by identity (large, requiring "
-                    "grad, or not on the CPU): its value could change unseen")
+            return ("a constant of the trace is computed from a tensor keyed by identity (large, or "
+                    "requiring grad): its value could change unseen")
     return ""
 
 
