@@ -317,3 +317,29 @@ def test_cache_is_bounded_in_bytes(monkeypatch):
     view = torch.zeros(4 * 4096)[:4096]  # its whole storage counts
     plan = mg.explain(lambda w: torch.maximum(w, view), q)
     assert plan.cache == "not stored" and "MAX_BYTES" in plan.cache_reason
+
+
+@pytest.mark.parametrize("prior", sorted(mg.nn.PRIORS))
+@pytest.mark.parametrize("posterior", ["normal", "radial", "laplace", "lognormal"])
+def test_every_registered_prior_hits_and_agrees(prior, posterior):
+    """Each named prior, rebuilt by ``layer.prior`` on every call: the layer's KL reuses its trace, and
+    value and gradients equal those of a fresh trace."""
+    from mcgraph.nn.layer_kl import uses_layer_rule
+
+    torch.manual_seed(0)
+    try:
+        layer = mg.nn.BayesLinear(4, 3, posterior=posterior, prior=prior, kl_samples=8)
+    except ValueError as e:  # a prior that names the posteriors it pairs with (ARD)
+        pytest.skip(str(e))
+    if uses_layer_rule(layer):
+        pytest.skip(f"{prior}: a registered layer KL, not the engine's")
+
+    def kl_and_grads():
+        value = layer.kl(seed=0)
+        return value.detach(), torch.autograd.grad(value, [layer.weight_mu, layer.weight_rho])
+
+    with plan_cache.disabled():
+        ref = kl_and_grads()
+    for _ in range(3):
+        _assert_same(kl_and_grads(), ref)
+    assert plan_cache.info().hits >= 2
