@@ -391,5 +391,5 @@ def exact_gaussian_statistics(shape: tuple[int, ...], num_samples: int, seed: in
             alpha = torch.full(shape, (num_samples - 1) / 2, dtype=dtype, device=device)
             ss = 2 * torch._standard_gamma(alpha)
     # M = 1: SS = 0 and mean ξ² = (mean ξ)² exactly (the same numbers as 0 / 1 + mean², in one pass)
-    second = mean * mean if num_samples == 1 else (ss / num_samples).addcmul_(mean, mean)
+    second = mean * mean if num_samples == 1 else ss / num_samples + mean * mean
     return {(0, 0): torch.ones((), dtype=dtype, device=device), (1, 0): mean, (2, 0): second}

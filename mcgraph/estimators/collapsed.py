@@ -15,6 +15,12 @@ and for a scaling base ``u = θξ`` (Thm 1, Cor 1)
 The statistics t̄ are computed chunk by chunk under ``no_grad`` (memory
 O(chunk · P)); only the final combination with θ enters the autograd graph, so
 its size does not depend on M.
+
+The combination ``Σ_k c_k E_k`` takes one fused multiply-add pass per term (scalar
+coefficients as numbers, zero coefficients skipped), so its last bits can differ from a
+term-by-term product and sum; with one sample (M = 1, t̄_j = ξ^j) the polynomial is evaluated
+at ``u = μ + σξ`` itself (:class:`OneSamplePolynomial`). Both agree with the direct
+estimator up to float rounding, like every tier.
 """
 
 from __future__ import annotations
