@@ -327,7 +327,10 @@ def _global_names(code: types.CodeType) -> tuple:
 
 
 def _registry_state() -> tuple:
-    return (integrands.registry_generation(), len(integrands.ELEMENTWISE_OPS), len(integrands.LINEAR_OPS))
+    """What of the integrand registry a trace depends on (edits of its sets and rules included)."""
+    rules = integrands._RULES
+    return (integrands.registry_generation(), len(integrands.ELEMENTWISE_OPS), len(integrands.LINEAR_OPS),
+            tuple(rules), tuple(map(id, rules.values())))
 
 
 def _torch_state(device: torch.device) -> tuple:
