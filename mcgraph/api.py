@@ -67,6 +67,8 @@ def _example(form, seed: int) -> torch.Tensor:
 def _plan(fn: Callable, form, seed: int, method: str, taylor_order: int | None) -> Plan:
     """The classified trace of ``fn``: from the plan cache where that is safe, else traced on a sample."""
     traced, cache, reason = cached_trace(fn, form, lambda: _example(form, seed))
+    if cache in ("hit", "stored") and traced.constant is not None:  # the result itself: the caller's copy
+        traced = dataclasses.replace(traced, constant=traced.constant.clone())
     plan = classify(form, traced, method, taylor_order)
     return dataclasses.replace(plan, cache=cache, cache_reason=reason)
 

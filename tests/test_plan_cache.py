@@ -229,8 +229,8 @@ def test_layer_kl_hits_in_training_at_one_sample():
     """The engine's own KL path (mg.nn.elbo at M = 1, one optimizer step per call) reuses its traces."""
     def train(enabled):
         torch.manual_seed(0)
-        net = mg.nn.bayesify(torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)),
-                             prior="normal", kl_samples=1)
+        mlp = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+        net = mg.nn.bayesify(mlp, prior="normal", kl_samples=1)
         opt = torch.optim.Adam(net.parameters(), lr=0.05)
         x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
         losses = []
@@ -343,3 +343,17 @@ def test_every_registered_prior_hits_and_agrees(prior, posterior):
     for _ in range(3):
         _assert_same(kl_and_grads(), ref)
     assert plan_cache.info().hits >= 2
+
+
+def test_a_constant_result_is_not_shared_between_calls():
+    q = Normal(torch.zeros(3), torch.ones(3))
+
+    def fn(w):  # does not depend on w: the expectation is its value
+        return torch.full((3,), 2.0)
+
+    first = mg.expectation(fn, q, 4, seed=0)
+    first.add_(1.0)  # the caller owns its result: the stored one is not touched
+    second = mg.expectation(fn, q, 4, seed=0)
+    second.add_(1.0)
+    assert plan_cache.info().hits == 1
+    assert torch.equal(mg.expectation(fn, q, 4, seed=0), torch.full((3,), 2.0))
