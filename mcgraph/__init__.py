@@ -4,7 +4,7 @@ graph does not grow with the number of samples.
 >>> import mcgraph as mg   # mg.expectation, mg.kl_divergence, mg.explain, mg.graph_size
 """
 
-from . import distributions, metrics, models
+from . import distributions, metrics, models, plan_cache
 from .api import expectation, explain, kl_divergence, set_validate_args
 from .diagnostics import GraphSize, graph_size
 from .families import FAMILIES, GenericForm, SamplingForm, family_of, register_family
@@ -20,6 +20,6 @@ __version__ = "0.1.0"
 __all__ = [
     "FAMILIES", "GenericForm", "GraphSize", "MCEstimate", "Plan", "SamplingForm", "TermPlan", "Tier",
     "classify", "distributions", "expectation", "explain", "family_of", "graph_size", "kl_divergence",
-    "metrics", "models", "nn", "optim", "register_family", "register_integrand", "required_samples",
-    "set_validate_args", "trace",
+    "metrics", "models", "nn", "optim", "plan_cache", "register_family", "register_integrand",
+    "required_samples", "set_validate_args", "trace",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import numbers
 from typing import Callable
 
@@ -14,9 +15,10 @@ from .estimators import chunked_value, collapsed_value, direct_value, fused_valu
 from .estimators.analytic import analytic_statistics
 from .estimators.sampling import default_chunk, samples, stream_for
 from .families import GenericForm, distribution_parameters, family_of
-from .integrands import floating, trace
+from .integrands import floating
 from .distributed import sharded
 from .noise import resolve_seed
+from .plan_cache import cached_trace
 from .stderr import MCEstimate, StderrCollector, refuse_with_process_group
 from .tuples import Plan, Tier, classify
 
@@ -62,12 +64,19 @@ def _example(form, seed: int) -> torch.Tensor:
         return samples(form, stream_for(form, seed, 1).rows(0, 1))[0]
 
 
+def _plan(fn: Callable, form, seed: int, method: str, taylor_order: int | None) -> Plan:
+    """The classified trace of ``fn``: from the plan cache where that is safe, else traced on a sample."""
+    traced, cache, reason = cached_trace(fn, form, lambda: _example(form, seed))
+    if cache in ("hit", "stored") and traced.constant is not None:  # the result itself: the caller's copy
+        traced = dataclasses.replace(traced, constant=traced.constant.clone())
+    plan = classify(form, traced, method, taylor_order)
+    return dataclasses.replace(plan, cache=cache, cache_reason=reason)
+
+
 def plan_for(fn: Callable, dist: Distribution, *, seed: int = 0, method: str = "auto",
              taylor_order: int | None = None) -> Plan:
-    """Trace ``fn`` under ``dist`` and classify it (no Monte Carlo work)."""
-    form = family_of(dist)
-    traced = trace(fn, _example(form, seed))
-    return classify(form, traced, method, taylor_order)
+    """Trace ``fn`` under ``dist`` (or reuse the plan cache's trace) and classify it (no Monte Carlo work)."""
+    return _plan(fn, family_of(dist), seed, method, taylor_order)
 
 
 def explain(fn: Callable, dist: Distribution, *, method: str = "auto", taylor_order: int | None = None) -> Plan:
@@ -75,7 +84,8 @@ def explain(fn: Callable, dist: Distribution, *, method: str = "auto", taylor_or
 
     Returns the frozen :class:`~mcgraph.tuples.Plan`; its ``str()`` lists, per term,
     the tier, the parameterization tuple (G, n, t) in words, d_P, and why a term
-    is not collapsible.
+    is not collapsible, and whether the trace came from the plan cache
+    (:mod:`mcgraph.plan_cache`; ``plan.cache``).
 
     Example:
         >>> import torch, mcgraph as mg
@@ -142,8 +152,8 @@ def _run_tiers(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size
     exact_stats = analytic_statistics(form, set().union(*(t.stat_keys for t in analytic))) if analytic else {}
     piece_values: dict[int, torch.Tensor] = {}
     for term in plan.terms:
-        if term.tier == Tier.COLLAPSED:
-            v = collapsed_value(form, term, stats)
+        if term.tier == Tier.COLLAPSED:  # one sample: t̄_j = ξ^j, the polynomial is evaluated at w itself
+            v = collapsed_value(form, term, stats, one_sample=num_samples == 1)
         elif term.tier == Tier.ANALYTIC:
             v = collapsed_value(form, term, exact_stats)
         else:
@@ -257,8 +267,7 @@ def expectation(fn: Callable, dist: Distribution, num_samples: int, *, seed: int
         _check_finite(dist, "dist")
         seed = resolve_seed(seed)
         chunk = _check_chunk(chunk_size)
-        traced = trace(fn, _example(form, seed))
-        plan = classify(form, traced, method, taylor_order)
+        plan = _plan(fn, form, seed, method, taylor_order)
         return evaluate(plan, fn, seed, num_samples, chunk, return_stderr, shard)
 
 
@@ -356,14 +365,18 @@ def _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, re
             if return_stderr:
                 cross, cross_se, _ = cross
         try:
-            neg_entropy = -q.entropy()
+            entropy = q.entropy()
         except NotImplementedError:
+            entropy = None
+        if entropy is not None:  # −(H + E[log p]): one negation (forward and backward) instead of two
+            value = (entropy + cross).neg()
+        else:
             neg_entropy = expectation(q.log_prob, q, num_samples, seed=seed, method="auto"
                                       if method in ("collapsed", "collapsed-exact", "fused") else method,
                                       chunk_size=chunk_size, return_stderr=return_stderr, process_group=shard)
             if return_stderr:
                 neg_entropy, neg_entropy_se, _ = neg_entropy
-        value = neg_entropy - cross
+            value = neg_entropy - cross
         if not return_stderr:
             return value
         if neg_entropy_se is None or not bool((neg_entropy_se > 0).any()):

@@ -110,7 +110,15 @@ class SamplingForm:
         return u
 
     def sample(self, xi: torch.Tensor) -> torch.Tensor:
-        """``w`` for the noise rows ``xi``, shape ``(n, *shape)``."""
+        """``w`` for the noise rows ``xi``, shape ``(n, *shape)``.
+
+        One row is computed without the sample axis and given it as a view: the same numbers, and
+        the gradients of loc and scale need no reduction over a broadcast axis of size 1.
+        """
+        if xi.shape[0] == 1:
+            w = self.apply_transforms(self.base(xi[0]))
+            w = w.expand(self.shape) if w.shape != self.shape else w
+            return w.unsqueeze(0)
         w = self.apply_transforms(self.base(xi))
         return w.expand((xi.shape[0],) + tuple(self.shape)) if w.shape[1:] != self.shape else w
 

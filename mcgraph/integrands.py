@@ -329,6 +329,12 @@ METADATA: set[str] = {
 }
 
 _RULES: dict[str, Callable] = {}
+_GENERATION = [0]  # bumped by every registration: traces made before it may differ (the plan cache's key)
+
+
+def registry_generation() -> int:
+    """How many registrations :func:`register_integrand` has made (part of the plan cache's key)."""
+    return _GENERATION[0]
 
 
 def register_integrand(name: str, rule: Callable | None = None):
@@ -339,10 +345,12 @@ def register_integrand(name: str, rule: Callable | None = None):
     (or as a decorator) installs ``rule(func, args, kwargs) -> Expr | None``;
     returning ``None`` falls back to the elementwise treatment.
     """
+    _GENERATION[0] += 1
     if rule is None:
         ELEMENTWISE_OPS.add(name)
 
         def decorator(r):
+            _GENERATION[0] += 1
             _RULES[name] = r
             return r
 

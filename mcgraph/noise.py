@@ -385,11 +385,11 @@ def exact_gaussian_statistics(shape: tuple[int, ...], num_samples: int, seed: in
     statistics, different numbers; cost O(P) for any M.
     """
     with seeded(mix_seed(seed, 2**40), device):
-        mean = torch.randn(shape, dtype=dtype, device=device) / math.sqrt(num_samples)
+        mean = torch.randn(shape, dtype=dtype, device=device)
         if num_samples > 1:
+            mean /= math.sqrt(num_samples)
             alpha = torch.full(shape, (num_samples - 1) / 2, dtype=dtype, device=device)
             ss = 2 * torch._standard_gamma(alpha)
-        else:
-            ss = torch.zeros(shape, dtype=dtype, device=device)
-    return {(0, 0): torch.ones((), dtype=dtype, device=device), (1, 0): mean,
-            (2, 0): ss / num_samples + mean * mean}
+    # M = 1: SS = 0 and mean ξ² = (mean ξ)² exactly (the same numbers as 0 / 1 + mean², in one pass)
+    second = mean * mean if num_samples == 1 else ss / num_samples + mean * mean
+    return {(0, 0): torch.ones((), dtype=dtype, device=device), (1, 0): mean, (2, 0): second}

@@ -87,12 +87,23 @@ class TermPlan:
 
 @dataclass(frozen=True, eq=False)
 class Plan:
-    """Frozen classification of ``E_{w~dist}[fn(w)]`` that the estimators consume."""
+    """Frozen classification of ``E_{w~dist}[fn(w)]`` that the estimators consume.
+
+    Attributes:
+        form, trace, terms, method: the sampling form, the traced integrand, the terms, the method.
+        cache: where the trace came from (:mod:`mcgraph.plan_cache`): ``"hit"`` (reused, no sample
+            drawn), ``"stored"`` (traced on this call and kept), ``"not stored"`` (traced on this
+            call; ``cache_reason`` says why it is not kept), ``"off"`` (cache disabled) or ``""``
+            (classified outside the functional API).
+        cache_reason: why the trace was not kept (empty otherwise).
+    """
 
     form: SamplingForm | GenericForm
     trace: TraceResult
     terms: tuple
     method: str
+    cache: str = ""
+    cache_reason: str = ""
 
     @property
     def whole(self) -> TermPlan | None:
@@ -107,6 +118,9 @@ class Plan:
 
     def __str__(self) -> str:
         lines = [f"Plan for E[fn(w)], {self.form.describe()}  (method={self.method})"]
+        cache = _CACHE_LINES.get(self.cache)
+        if cache:
+            lines.append(f"  plan: {cache}" + (f" ({self.cache_reason})" if self.cache_reason else ""))
         if self.trace.constant is not None:
             lines.append("  fn does not depend on w: the expectation is fn's value")
         for i, t in enumerate(self.terms):
@@ -137,6 +151,14 @@ class Plan:
         return "\n".join(lines)
 
     __repr__ = __str__
+
+
+_CACHE_LINES = {
+    "hit": "from the plan cache (traced on an earlier call; no sample drawn)",
+    "stored": "traced on this call and stored in the plan cache",
+    "not stored": "traced on this call, not stored in the plan cache",
+    "off": "traced on this call (plan cache disabled)",
+}
 
 
 def _variance_line(form, t: TermPlan) -> str:

@@ -27,6 +27,7 @@ NEEDS = {"mcgraph.interop": "blitz", "mcgraph.interop.registry": "bayesian_torch
 MODULES += ["mcgraph.interop.priors", "mcgraph.stderr", "mcgraph.moments", "mcgraph.estimators.derivatives",
             "mcgraph.estimators.fused_body"]
 MODULES += ["mcgraph.cpu_philox"]  # its example builds the library (about a second, once per machine)
+MODULES += ["mcgraph.plan_cache"]
 
 
 @pytest.mark.parametrize("name", MODULES + sorted(NEEDS))

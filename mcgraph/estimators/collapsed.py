@@ -15,6 +15,12 @@ and for a scaling base ``u = θξ`` (Thm 1, Cor 1)
 The statistics t̄ are computed chunk by chunk under ``no_grad`` (memory
 O(chunk · P)); only the final combination with θ enters the autograd graph, so
 its size does not depend on M.
+
+The combination ``Σ_k c_k E_k`` takes one fused multiply-add pass per term (scalar
+coefficients as numbers, zero coefficients skipped), so its last bits can differ from a
+term-by-term product and sum; with one sample (M = 1, t̄_j = ξ^j) the polynomial is evaluated
+at ``u = μ + σξ`` itself (:class:`OneSamplePolynomial`). Both agree with the direct
+estimator up to float rounding, like every tier.
 """
 
 from __future__ import annotations
@@ -131,9 +137,7 @@ class LocationScalePolynomial(torch.autograd.Function):
         tensor_coefs = rest[K:]
         coefs = _merge_coefs(numbers, tensor_coefs)
         E = _moments(loc, scale, stats, K)
-        value = 0
-        for k, c in zip(degrees, coefs):
-            value = value + c * E[k]
+        value = _weighted_sum([(c, E[k]) for k, c in zip(degrees, coefs)], scale)
         ctx.degrees, ctx.numbers, ctx.K = degrees, numbers, K
         ctx.shapes = (loc.shape, scale.shape, [c.shape for c in tensor_coefs])
         ctx.save_for_backward(loc, scale, *rest)
@@ -149,27 +153,149 @@ class LocationScalePolynomial(torch.autograd.Function):
         coefs = _merge_coefs(ctx.numbers, tensor_coefs)
         need_loc, need_scale = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
         need_coefs = ctx.needs_input_grad[4 + K:]
-        E = _moments(loc, scale, stats, K) if (need_loc or any(need_coefs)) else None
+        tensor_degrees = [k for n, k in zip(ctx.numbers, ctx.degrees) if n is None]
+        # The moments needed: E_0..E_{K-1} for μ, E_k for a coefficient c_k that needs a gradient.
+        top = max([K - 1 if need_loc else 0] + [k for need, k in zip(need_coefs, tensor_degrees) if need])
+        E = _moments(loc, scale, stats, top) if top > 0 else [1.0]
         grad_loc = grad_scale = None
         if need_loc:
-            d = 0
-            for k, c in zip(ctx.degrees, coefs):
-                if k:
-                    d = d + (c * k) * E[k - 1]
+            d = _weighted_sum([(_times(c, k), E[k - 1]) for k, c in zip(ctx.degrees, coefs) if k], scale)
             grad_loc = _to_shape(g * d, ctx.shapes[0])
         if need_scale:
             shifted = {(j, 0): stats[(j + 1, 0)] for j in range(0, K)}
             F = _moments_shifted(loc, scale, shifted, K - 1)
-            d = 0
-            for k, c in zip(ctx.degrees, coefs):
-                if k:
-                    d = d + (c * k) * F[k - 1]
+            d = _weighted_sum([(_times(c, k), F[k - 1]) for k, c in zip(ctx.degrees, coefs) if k], scale)
             grad_scale = _to_shape(g * d, ctx.shapes[1])
         coef_grads = []
-        tensor_degrees = [k for n, k in zip(ctx.numbers, ctx.degrees) if n is None]
         for need, k, shape in zip(need_coefs, tensor_degrees, ctx.shapes[2]):
             coef_grads.append(_to_shape(g * E[k], shape) if need else None)
         return (None, None, grad_loc, grad_scale, *([None] * K), *coef_grads)
+
+
+class OneSamplePolynomial(LocationScalePolynomial):
+    """:class:`LocationScalePolynomial` when the statistics come from one sample (M = 1).
+
+    Same inputs, same saved bytes (so the same graph size), fewer passes: with one sample
+    t̄_j = ξ^j, so ``E_k = u^k`` for ``u = μ + σ ξ`` (ξ = t̄_1), and
+
+    .. math::
+        V = \\sum_k c_k u^k, \\qquad \\frac{\\partial V}{\\partial \\mu} = D = \\sum_k k c_k u^{k-1}, \\qquad
+        \\frac{\\partial V}{\\partial \\sigma} = D\\,\\xi, \\qquad \\frac{\\partial V}{\\partial c_k} = u^k.
+
+    For K ≥ 2 it saves ``u`` in the place of t̄_2 (which one sample does not need; same shape and
+    dtype), so the backward pass does not recompute it.
+    VJP: ``grad_μ = sum_to_size(g·D)``, ``grad_σ = sum_to_size(g·D·ξ)``,
+    ``grad_c_k = sum_to_size(g·u^k)``.
+    """
+
+    @staticmethod
+    def forward(ctx, degrees, numbers, loc, scale, *rest):
+        K = max(degrees)
+        coefs = _merge_coefs(numbers, rest[K:])
+        powers = _powers(loc, scale, rest[0], K)
+        value = _weighted_sum([(c, powers[k]) for k, c in zip(degrees, coefs)], scale)
+        ctx.degrees, ctx.numbers, ctx.K = degrees, numbers, K
+        ctx.shapes = (loc.shape, scale.shape, [c.shape for c in rest[K:]])
+        saved = list(rest)
+        ctx.u_saved = K >= 2 and powers[1].shape == rest[1].shape and powers[1].dtype == rest[1].dtype
+        if ctx.u_saved:
+            saved[1] = powers[1]
+        ctx.save_for_backward(loc, scale, *saved)
+        return torch.as_tensor(value, dtype=scale.dtype, device=scale.device)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        loc, scale, *rest = ctx.saved_tensors
+        K = ctx.K
+        xi, tensor_coefs = rest[0], rest[K:]
+        coefs = _merge_coefs(ctx.numbers, tensor_coefs)
+        need_loc, need_scale = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+        need_coefs = ctx.needs_input_grad[4 + K:]
+        tensor_degrees = [k for n, k in zip(ctx.numbers, ctx.degrees) if n is None]
+        needed = [k for need, k in zip(need_coefs, tensor_degrees) if need]
+        top = max([K - 1 if (need_loc or need_scale) else 0] + needed)
+        if top == 0:
+            powers = [1.0]
+        elif ctx.u_saved:
+            powers = _powers(None, None, None, top, u=rest[1])
+        else:
+            powers = _powers(loc, scale, xi, top)
+        grad_loc = grad_scale = None
+        if need_loc or need_scale:
+            d = _weighted_sum([(_times(c, k), powers[k - 1]) for k, c in zip(ctx.degrees, coefs) if k], scale)
+            gd = g * d
+            grad_loc = _to_shape(gd, ctx.shapes[0]) if need_loc else None
+            grad_scale = _to_shape(gd * xi, ctx.shapes[1]) if need_scale else None
+        coef_grads = []
+        for need, k, shape in zip(need_coefs, tensor_degrees, ctx.shapes[2]):
+            coef_grads.append(_to_shape(g * powers[k], shape) if need else None)
+        return (None, None, grad_loc, grad_scale, *([None] * K), *coef_grads)
+
+
+def _powers(loc, scale, xi, K: int, u=None) -> list:
+    """``[1, u, u², …, u^K]`` for ``u = loc + scale·ξ`` (or the given ``u``)."""
+    out = [1.0]
+    if K >= 1:
+        out.append(loc + scale * xi if u is None else u)
+    for _ in range(2, K + 1):
+        out.append(out[-1] * out[1])
+    return out
+
+
+def _times(c, k: int):
+    """``c · k`` (``c`` a Python number or a tensor; no multiplication for k = 1)."""
+    return c if k == 1 else c * k
+
+
+def _weighted_sum(pairs, like: torch.Tensor) -> torch.Tensor:
+    """``Σ c · x`` over ``(c, x)`` pairs (``c`` a number or a tensor, ``x`` a tensor or the number 1).
+
+    One pass per tensor term: the first term is a product, each further one a fused in-place
+    ``add_(x, alpha=c)`` / ``addcmul_(c, x)`` into it, the constant terms added last. A one-element
+    coefficient (0-d, on the CPU) is read as a number (a tensor operand of one element broadcast through a
+    fused kernel is several times slower than a scalar).
+    """
+    # A zero coefficient (a prior's mean 0 gives 0·w) costs a pass and adds nothing: the moments are
+    # finite where the parameters and the noise are.
+    pairs = [(c, x) for c, x in ((_as_number(c), x) for c, x in pairs)
+             if isinstance(c, torch.Tensor) or c != 0]
+    const = None
+    terms = []
+    for c, x in pairs:
+        if isinstance(x, torch.Tensor):
+            terms.append((c, x))
+        else:
+            term = c * x if x != 1 else c
+            const = term if const is None else const + term
+    if not terms:
+        return const if isinstance(const, torch.Tensor) else _scalar(0.0 if const is None else const, like)
+    (c, x), rest = terms[0], terms[1:]
+    out = x * c
+    tensors = [t for pair in terms for t in pair if isinstance(t, torch.Tensor)]
+    if isinstance(const, torch.Tensor):
+        tensors.append(const)
+    in_place = all(t.dtype == out.dtype for t in tensors) and \
+        _broadcast(*(t.shape for t in tensors)) == tuple(out.shape)
+    for c, x in rest:
+        if isinstance(c, torch.Tensor):
+            out = out.addcmul_(c, x) if in_place else torch.addcmul(out, c, x)
+        else:
+            out = out.add_(x, alpha=c) if in_place else torch.add(out, x, alpha=c)
+    if const is not None and (isinstance(const, torch.Tensor) or const != 0):
+        out = out.add_(const) if in_place else out + const
+    return out
+
+
+def _as_number(c):
+    """A 0-d CPU tensor coefficient as a Python number (no device synchronisation); else ``c``."""
+    if isinstance(c, torch.Tensor) and c.dim() == 0 and c.device.type == "cpu" and not c.requires_grad:
+        return c.item()
+    return c
+
+
+def _scalar(x, like: torch.Tensor) -> torch.Tensor:
+    return torch.as_tensor(x, dtype=like.dtype, device=like.device)
 
 
 def _moments_shifted(mu, sigma, shifted: dict, K: int) -> list:
@@ -193,8 +319,23 @@ def _moments_shifted(mu, sigma, shifted: dict, K: int) -> list:
 
 def _to_shape(x: torch.Tensor, shape) -> torch.Tensor:
     """Reduce a broadcast gradient to ``shape`` (expanding first if it is smaller)."""
-    full = torch.broadcast_shapes(x.shape, shape)
-    return x.expand(full).sum_to_size(shape) if full != x.shape else x.sum_to_size(shape)
+    if tuple(x.shape) == tuple(shape):
+        return x
+    full = _broadcast(x.shape, shape)
+    return x.expand(full).sum_to_size(shape) if full != tuple(x.shape) else x.sum_to_size(shape)
+
+
+def _broadcast(*shapes) -> tuple:
+    """``torch.broadcast_shapes`` for the shapes of existing tensors, without its per-call overhead."""
+    ndim = max(len(s) for s in shapes)
+    out = [1] * ndim
+    for s in shapes:
+        for i, n in enumerate(s, ndim - len(s)):
+            if n != 1:
+                if out[i] not in (1, n):
+                    raise RuntimeError(f"shapes {[tuple(x) for x in shapes]} do not broadcast")
+                out[i] = n
+    return tuple(out)
 
 
 def _merge_coefs(numbers, tensor_coefs) -> list:
@@ -202,8 +343,12 @@ def _merge_coefs(numbers, tensor_coefs) -> list:
     return [next(it) if n is None else n for n in numbers]
 
 
-def collapsed_value(form: SamplingForm, term: TermPlan, stats: dict) -> torch.Tensor:
-    """``Σ_m c_m · E[u^m]`` for a collapsed term (or its Taylor approximation)."""
+def collapsed_value(form: SamplingForm, term: TermPlan, stats: dict, one_sample: bool = False) -> torch.Tensor:
+    """``Σ_m c_m · E[u^m]`` for a collapsed term (or its Taylor approximation).
+
+    ``one_sample``: the statistics are those of a single sample (M = 1: t̄_j = ξ^j), so a
+    location-scale polynomial is evaluated at ``u = μ + σξ`` directly (:class:`OneSamplePolynomial`).
+    """
     if term.approximate:
         return taylor_value(form, term, stats)
     if not form.is_scaling:
@@ -215,7 +360,8 @@ def collapsed_value(form: SamplingForm, term: TermPlan, stats: dict) -> torch.Te
         numbers = tuple(None if isinstance(c, torch.Tensor) else float(c) for c in coefs)
         tensor_coefs = [c for c in coefs if isinstance(c, torch.Tensor)]
         stat_list = [stats[(j, 0)] for j in range(1, K + 1)]
-        return LocationScalePolynomial.apply(degrees, numbers, form.loc, form.scale, *stat_list, *tensor_coefs)
+        function = OneSamplePolynomial if one_sample else LocationScalePolynomial
+        return function.apply(degrees, numbers, form.loc, form.scale, *stat_list, *tensor_coefs)
     out = 0
     for (a, b), c in term.monomials:
         moment = base_moment(form, a, b, stats) if (a, b) != (0, 0) else 1.0

@@ -27,6 +27,7 @@ from torch import nn
 from torch.distributions import Distribution, Normal, constraints
 
 from ..distributions import ScaleMixtureNormal
+from ..nn.priors import unchecked_construction
 
 __all__ = ["FlooredDensity", "MixturePrior", "NormalPrior", "BufferNormalPrior", "mixture"]
 
@@ -93,9 +94,15 @@ class NormalPrior:
     loc: float
     scale: float
 
+    def __post_init__(self):
+        if not (math.isfinite(self.loc) and math.isfinite(self.scale) and self.scale > 0):
+            raise ValueError(f"NormalPrior: loc must be finite and scale positive and finite, got "
+                             f"loc={self.loc!r}, scale={self.scale!r}")
+
     def __call__(self, like: torch.Tensor) -> Distribution:
-        return Normal(torch.as_tensor(self.loc, dtype=like.dtype, device=like.device),
-                      torch.as_tensor(self.scale, dtype=like.dtype, device=like.device))
+        with unchecked_construction():  # the parameters were checked once, above
+            return Normal(torch.as_tensor(self.loc, dtype=like.dtype, device=like.device),
+                          torch.as_tensor(self.scale, dtype=like.dtype, device=like.device))
 
 
 class BufferNormalPrior:

@@ -245,12 +245,12 @@ class BayesLayer(nn.Module):
 
     @property
     def prior(self) -> Distribution:
-        """p(W), built for the weight's device and dtype."""
-        return make_prior(self.prior_spec, self.weight_mu)
+        """p(W), built for the weight's device and dtype (a named prior without re-checking its defaults)."""
+        return make_prior(self.prior_spec, self.weight_mu, validate=False)
 
     @property
     def bias_prior(self) -> Distribution | None:
-        return None if self.bias_mu is None else make_prior(self.prior_spec, self.bias_mu)
+        return None if self.bias_mu is None else make_prior(self.prior_spec, self.bias_mu, validate=False)
 
     @property
     def is_bayesian_bias(self) -> bool:

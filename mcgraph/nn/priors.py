@@ -29,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Callable
 
@@ -38,7 +39,7 @@ from torch.distributions import Distribution, Laplace, LogNormal, Normal, Studen
 from ..distributions import Horseshoe, Logistic, LogUniform, Radial, ScaleMixtureNormal
 
 __all__ = ["POSTERIORS", "PRIORS", "register_posterior", "register_prior", "resolve_posterior",
-           "make_prior", "layer_options", "LAYER_DEFAULTS"]
+           "make_prior", "layer_options", "LAYER_DEFAULTS", "unchecked_construction"]
 
 PosteriorFactory = Callable[[torch.Tensor, torch.Tensor], Distribution]
 PriorFactory = Callable[..., Distribution]
@@ -136,13 +137,28 @@ def resolve_posterior(posterior) -> PosteriorFactory:
     return posterior
 
 
-def make_prior(prior, like: torch.Tensor) -> Distribution:
+@contextlib.contextmanager
+def unchecked_construction():
+    """Build distributions without torch's constructor checks of their parameters (one host
+    synchronisation each); the instances still follow torch's default for validating ``log_prob``."""
+    before = Distribution._validate_args
+    Distribution.set_default_validate_args(False)
+    try:
+        yield
+    finally:
+        Distribution.set_default_validate_args(before)
+
+
+def make_prior(prior, like: torch.Tensor, *, validate: bool = True) -> Distribution:
     """The prior distribution for a parameter shaped like ``like``.
 
     Args:
         prior: a ``Distribution`` (returned as is), a name of :data:`PRIORS` (default
             parameters), or a factory ``like -> Distribution``.
         like: the parameter (device, dtype and shape to match).
+        validate: ``False`` builds a *named* prior without torch's constructor checks (its
+            parameters are fixed defaults, checked when the layer was built; ``log_prob`` still
+            validates its argument as torch's default says); factories and instances are unaffected.
 
     Raises:
         ValueError: unknown name, or the prior's shape does not broadcast with ``like``.
@@ -156,7 +172,8 @@ def make_prior(prior, like: torch.Tensor) -> Distribution:
         except KeyError:
             raise ValueError(f"prior must be one of {sorted(PRIORS)}, a Distribution or a factory "
                              f"like -> Distribution, got {prior!r}") from None
-        dist = factory(like)
+        with contextlib.nullcontext() if validate else unchecked_construction():
+            dist = factory(like)
     elif callable(prior):
         dist = prior(like)
         if not isinstance(dist, Distribution):

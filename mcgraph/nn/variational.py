@@ -89,7 +89,7 @@ class WholeNetworkMC(torch.autograd.Function):
             g = next(it) if w else None
             present.append(g is not None)
             if g is not None:
-                saved.append(g / m)
+                saved.append(g / m if m != 1 else g)
         ctx.present = present
         ctx.save_for_backward(*saved)
         return total / m
