@@ -66,47 +66,131 @@ def resolve_seed(seed: int | None) -> int:
     return seed
 
 
+def _storage_use_count(t: torch.Tensor) -> int | None:
+    """How many tensors (views included) share ``t``'s storage, or ``None`` where torch cannot say."""
+    counter = getattr(torch._C, "_storage_Use_Count", None)
+    if counter is None:
+        return None
+    return counter(t.untyped_storage()._cdata)
+
+
+#: The count of a storage that one tensor alone references (the probe holds one more reference).
+_SOLE_USE_COUNT = _storage_use_count(torch.empty(1))
+
+
+def _sole_owner(t: torch.Tensor) -> bool:
+    """Whether no tensor but ``t`` itself references ``t``'s storage (no view, no autograd save)."""
+    count = _storage_use_count(t)
+    return count is not None and count == _SOLE_USE_COUNT
+
+
+class Workspace:
+    """Named scratch buffers reused from one noise block to the next (no fresh P-sized temporaries).
+
+    A block of millions of elements is freshly mapped by the allocator every time it is allocated
+    (glibc serves it with ``mmap`` and returns it on free), so a sampler that allocated its
+    temporaries per block spent as much time in page faults as in arithmetic. A sampler asks the
+    workspace for ``buffer(name, shape, dtype, device)`` instead: the same memory every block, grown
+    only when a larger shape is asked for.
+
+    Example:
+        >>> work = Workspace()
+        >>> a = work.buffer("tmp", (2, 3), torch.float32, torch.device("cpu"))
+        >>> b = work.buffer("tmp", (1, 3), torch.float32, torch.device("cpu"))
+        >>> a.shape, b.shape, a.data_ptr() == b.data_ptr()
+        (torch.Size([2, 3]), torch.Size([1, 3]), True)
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def buffer(self, name: str, shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A contiguous uninitialised tensor of ``shape`` (the named buffer, reused when large enough)."""
+        numel = math.prod(shape)
+        buf = self._buffers.get(name)
+        if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != torch.device(device):
+            buf = self._buffers[name] = torch.empty(max(numel, 1), dtype=dtype, device=device)
+        return buf[:numel].view(tuple(shape))
+
+    def nbytes(self) -> int:
+        """Bytes held by the workspace's buffers."""
+        return sum(b.numel() * b.element_size() for b in self._buffers.values())
+
+
 @dataclass
 class BlockStream:
     """Rows ``[start, stop)`` of a seeded stream drawn in fixed blocks.
 
+    The stream keeps one block. With ``fills_out`` the draw writes each new block into the memory
+    of the previous one (and takes its scratch buffers from a :class:`Workspace`), as soon as no
+    row view handed out earlier is still alive (or always, with ``owns_rows``, whose consumer
+    promises to be done with a chunk's rows before it asks for the next chunk): drawing M samples
+    then maps one block of memory, not ⌈M / block⌉ of them.
+
     Args:
-        draw: ``draw(n) -> Tensor`` of shape ``(n, *shape)``, using the global RNG.
+        draw: ``draw(n) -> Tensor`` of shape ``(n, *shape)``, using the global RNG; with
+            ``fills_out``, ``draw(n, out=buffer_or_None, work=workspace)``.
         num_samples: M, the stream length.
         block: rows per block (a function of P and M only, never of the chunk size).
         seed: the stream's seed.
         device: where the draw happens (selects which generator is forked).
+        owns_rows: the consumer may modify rows in place and drops them before asking for the next
+            chunk (statistics only).
+        fills_out: ``draw`` takes ``out=`` and ``work=`` keyword arguments (:meth:`NoiseLaw.sample`).
     """
 
-    draw: Callable[[int], torch.Tensor]
+    draw: Callable[..., torch.Tensor]
     num_samples: int
     block: int
     seed: int
     device: torch.device
     owns_rows: bool = False  # rows may be modified in place by the consumer (statistics only)
+    fills_out: bool = False
     _cache: tuple[int, torch.Tensor] | None = field(default=None, repr=False)
+    _buffer: torch.Tensor | None = field(default=None, repr=False)
+    _work: Workspace = field(default_factory=Workspace, repr=False)
 
     def _block(self, b: int) -> torch.Tensor:
         if self._cache is not None and self._cache[0] == b and not self.owns_rows:
             return self._cache[1]
         n = min(self.block, self.num_samples - b * self.block)
-        reuse = self._cache[1] if (self.owns_rows and self._cache is not None
-                                   and self._cache[1].shape[0] == n) else None
+        self._cache = None  # our own view of the last block must not count as a user of its memory
+        out = None
+        if (self.fills_out and self._buffer is not None and self._buffer.shape[0] >= n
+                and (self.owns_rows or _sole_owner(self._buffer))):
+            out = self._buffer[:n]
         with seeded(mix_seed(self.seed, b), self.device):
-            rows = self.draw(n, out=reuse) if reuse is not None else self.draw(n)
+            rows = self.draw(n, out=out, work=self._work) if self.fills_out else self.draw(n)
+        if out is None or rows.data_ptr() != out.data_ptr():
+            # A fresh block (or a law that cannot fill ``out``): its memory serves the next blocks.
+            # Only views of the buffer are handed out, so that _sole_owner sees who still holds one.
+            self._buffer = rows if self.fills_out and rows.is_contiguous() else None
+            rows = rows[:] if self._buffer is not None else rows
         self._cache = (b, rows)
         return rows
 
     def rows(self, start: int, stop: int) -> torch.Tensor:
-        """Rows ``start … stop-1`` of the stream, shape ``(stop-start, *shape)``."""
+        """Rows ``start … stop-1`` of the stream, shape ``(stop-start, *shape)``.
+
+        Rows inside one block are a view of it; rows that straddle blocks are copied into one
+        chunk-sized tensor, block after block, so that no more than one block is alive at a time.
+        """
         first, last = start // self.block, (stop - 1) // self.block
-        parts = []
+        if first == last:
+            blk = self._block(first)
+            lo, hi = start - first * self.block, stop - first * self.block
+            return blk if (lo == 0 and hi == blk.shape[0]) else blk[lo:hi]
+        out = None
         for b in range(first, last + 1):
             lo = max(start - b * self.block, 0)
             hi = min(stop - b * self.block, self.block)
-            blk = self._block(b)
-            parts.append(blk if (lo == 0 and hi == blk.shape[0]) else blk[lo:hi])
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+            part = self._block(b)[lo:hi]
+            if out is None:
+                out = part.new_empty((stop - start,) + tuple(part.shape[1:]))
+            at = b * self.block + lo - start
+            out[at:at + part.shape[0]].copy_(part)
+            del part
+        return out
 
     def chunks(self, chunk_size: int) -> Iterator[tuple[int, int, torch.Tensor]]:
         """Yield ``(start, stop, rows)`` over the whole stream in chunks of ``chunk_size``."""
@@ -124,152 +208,225 @@ class NoiseLaw:
 
     Attributes:
         name: human-readable name used by ``explain``.
-        sampler: ``sampler(shape, dtype, device) -> Tensor`` using the global RNG.
+        sampler: ``sampler(shape, dtype, device) -> Tensor`` using the global RNG; with
+            ``fills_out``, ``sampler(shape, dtype, device, out=None, work=None)``, which writes ξ
+            into ``out`` when given (same values as a fresh draw) and takes any scratch memory it
+            needs from the :class:`Workspace` ``work``.
         positive: ξ > 0 almost surely (needed for ``log w`` under a scaling form).
         event_ndims: trailing dims of one sample that the noise couples (Radial).
+        fills_out: the sampler takes ``out=`` and ``work=`` (all built-in laws do).
         moments: a :class:`~mcgraph.moments.PowerMoments` (location-scale) or
             :class:`~mcgraph.moments.LogMoments` (scaling) for the analytic tier, or ``None``.
     """
 
     name: str
-    sampler: Callable[[tuple[int, ...], torch.dtype, torch.device], torch.Tensor]
+    sampler: Callable[..., torch.Tensor]
     positive: bool = False
     event_ndims: int = 0
     gaussian: bool = False
     fills_out: bool = False
     moments: object = None  #: exact moments (:mod:`mcgraph.moments`), or None when unknown
 
-    def sample(self, shape, dtype, device, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Draw ξ of ``shape``; ``out`` (same shape and dtype) is filled in place when the law can."""
-        if out is not None and self.fills_out and tuple(out.shape) == tuple(shape) and out.dtype == dtype:
-            return self.sampler(tuple(shape), dtype, device, out=out)
-        return self.sampler(tuple(shape), dtype, device)
+    def sample(self, shape, dtype, device, out: torch.Tensor | None = None,
+               work: Workspace | None = None) -> torch.Tensor:
+        """Draw ξ of ``shape``; ``out`` (same shape and dtype, contiguous) is filled in place when the law can.
+
+        The values do not depend on ``out`` or ``work``, only where they are written.
+        """
+        shape = tuple(shape)
+        if not self.fills_out:
+            return self.sampler(shape, dtype, device)
+        if out is not None and not (tuple(out.shape) == shape and out.dtype == dtype and out.is_contiguous()):
+            out = None
+        return self.sampler(shape, dtype, device, out=out, work=Workspace() if work is None else work)
 
     def __str__(self) -> str:
         return self.name
 
 
-def _uniform_open(shape, dtype, device):
+# Every sampler below makes the same torch calls, in the same order, as the out-of-place evaluation
+# of its formula, but into ``out`` and reused workspace buffers: an in-place elementwise op over a
+# whole tensor gives the same bits as its out-of-place form over that tensor.
+
+
+def _empty(shape, dtype, device, out):
+    return torch.empty(shape, dtype=dtype, device=device) if out is None else out
+
+
+def _uniform_open(shape, dtype, device, out=None, work=None):
     finfo = torch.finfo(dtype)
-    return torch.rand(shape, dtype=dtype, device=device).clamp_(finfo.tiny, 1.0 - finfo.eps)
+    return torch.rand(shape, dtype=dtype, device=device, out=_empty(shape, dtype, device, out)).clamp_(
+        finfo.tiny, 1.0 - finfo.eps)
 
 
-def _normal(shape, dtype, device, out=None):
-    if out is not None:
-        return torch.randn(shape, dtype=dtype, device=device, out=out)
-    return torch.randn(shape, dtype=dtype, device=device)
+def _normal(shape, dtype, device, out=None, work=None):
+    return torch.randn(shape, dtype=dtype, device=device, out=_empty(shape, dtype, device, out))
 
 
-def _laplace(shape, dtype, device):
+def _laplace(shape, dtype, device, out=None, work=None):
+    """ξ = −sign(u)·log1p(−|u|), u ~ U(−1, 1)."""
     finfo = torch.finfo(dtype)
-    u = torch.rand(shape, dtype=dtype, device=device) * 2 - 1
-    u = u.clamp_(-1 + finfo.eps, 1 - finfo.eps)
-    return -u.sign() * torch.log1p(-u.abs())
+    u = torch.rand(shape, dtype=dtype, device=device, out=_empty(shape, dtype, device, out))
+    u.mul_(2).sub_(1).clamp_(-1 + finfo.eps, 1 - finfo.eps)
+    log_term = torch.abs(u, out=work.buffer("laplace", shape, dtype, device)).neg_().log1p_()
+    return u.sign_().neg_().mul_(log_term)
 
 
-def _logistic(shape, dtype, device):
-    u = _uniform_open(shape, dtype, device)
-    return u.log() - torch.log1p(-u)
+def _logistic(shape, dtype, device, out=None, work=None):
+    """ξ = log u − log1p(−u), u ~ U(0, 1) (open)."""
+    u = _uniform_open(shape, dtype, device, out)
+    log1m = torch.neg(u, out=work.buffer("logistic", shape, dtype, device)).log1p_()
+    return u.log_().sub_(log1m)
 
 
-def _cauchy(shape, dtype, device):
-    return torch.empty(shape, dtype=dtype, device=device).cauchy_()
+def _cauchy(shape, dtype, device, out=None, work=None):
+    return _empty(shape, dtype, device, out).cauchy_()
 
 
-def _gumbel(shape, dtype, device):
-    u = _uniform_open(shape, dtype, device)
-    return -torch.log(-torch.log(u))
+def _gumbel(shape, dtype, device, out=None, work=None):
+    """ξ = −log(−log u), u ~ U(0, 1) (open)."""
+    return _uniform_open(shape, dtype, device, out).log_().neg_().log_().neg_()
 
 
-def _uniform(shape, dtype, device):
-    return torch.rand(shape, dtype=dtype, device=device)
+def _uniform(shape, dtype, device, out=None, work=None):
+    return torch.rand(shape, dtype=dtype, device=device, out=_empty(shape, dtype, device, out))
 
 
-def _exponential(shape, dtype, device):
-    return torch.empty(shape, dtype=dtype, device=device).exponential_()
+def _exponential(shape, dtype, device, out=None, work=None):
+    return _empty(shape, dtype, device, out).exponential_()
 
 
-def _half_normal(shape, dtype, device):
-    return torch.randn(shape, dtype=dtype, device=device).abs_()
+def _half_normal(shape, dtype, device, out=None, work=None):
+    return _normal(shape, dtype, device, out).abs_()
 
 
-def _half_cauchy(shape, dtype, device):
-    return torch.empty(shape, dtype=dtype, device=device).cauchy_().abs_()
+def _half_cauchy(shape, dtype, device, out=None, work=None):
+    return _cauchy(shape, dtype, device, out).abs_()
 
 
-def _rayleigh(shape, dtype, device):
-    return torch.sqrt(2 * _exponential(shape, dtype, device))
+def _rayleigh(shape, dtype, device, out=None, work=None):
+    return _exponential(shape, dtype, device, out).mul_(2).sqrt_()
 
 
-def _standard_gamma(concentration: torch.Tensor, shape, dtype, device):
-    alpha = concentration.detach().to(dtype=dtype, device=device).expand(shape).contiguous()
+def _standard_gamma(concentration: torch.Tensor, shape, dtype, device, work=None):
+    """Gamma(k, 1) draws of ``shape``: a fresh tensor (torch's gamma sampler has no ``out=``).
+
+    The broadcast concentration goes into a workspace buffer rather than a fresh copy.
+    """
+    alpha = concentration.detach().to(dtype=dtype, device=device).expand(shape)
+    alpha = alpha.contiguous() if work is None else work.buffer("gamma", shape, dtype, device).copy_(alpha)
     return torch._standard_gamma(alpha).clamp_(min=torch.finfo(dtype).tiny)
 
 
 STANDARD_NORMAL = NoiseLaw("N(0, 1)", _normal, gaussian=True, fills_out=True, moments=mom.NORMAL)
-STANDARD_LAPLACE = NoiseLaw("Laplace(0, 1)", _laplace, moments=mom.LAPLACE)
-STANDARD_LOGISTIC = NoiseLaw("Logistic(0, 1)", _logistic, moments=mom.LOGISTIC)
-STANDARD_CAUCHY = NoiseLaw("Cauchy(0, 1)", _cauchy, moments=mom.CAUCHY)
-STANDARD_GUMBEL = NoiseLaw("Gumbel(0, 1)", _gumbel, moments=mom.GUMBEL)
-STANDARD_UNIFORM = NoiseLaw("U(0, 1)", _uniform, positive=True, moments=mom.UNIFORM)
-STANDARD_EXPONENTIAL = NoiseLaw("Exp(1)", _exponential, positive=True, moments=mom.EXPONENTIAL)
-STANDARD_HALF_NORMAL = NoiseLaw("|N(0, 1)|", _half_normal, positive=True, moments=mom.HALF_NORMAL)
-STANDARD_HALF_CAUCHY = NoiseLaw("|Cauchy(0, 1)|", _half_cauchy, positive=True, moments=mom.HALF_CAUCHY)
-STANDARD_RAYLEIGH = NoiseLaw("Rayleigh(1)", _rayleigh, positive=True, moments=mom.RAYLEIGH)
+STANDARD_LAPLACE = NoiseLaw("Laplace(0, 1)", _laplace, fills_out=True, moments=mom.LAPLACE)
+STANDARD_LOGISTIC = NoiseLaw("Logistic(0, 1)", _logistic, fills_out=True, moments=mom.LOGISTIC)
+STANDARD_CAUCHY = NoiseLaw("Cauchy(0, 1)", _cauchy, fills_out=True, moments=mom.CAUCHY)
+STANDARD_GUMBEL = NoiseLaw("Gumbel(0, 1)", _gumbel, fills_out=True, moments=mom.GUMBEL)
+STANDARD_UNIFORM = NoiseLaw("U(0, 1)", _uniform, positive=True, fills_out=True, moments=mom.UNIFORM)
+STANDARD_EXPONENTIAL = NoiseLaw("Exp(1)", _exponential, positive=True, fills_out=True, moments=mom.EXPONENTIAL)
+STANDARD_HALF_NORMAL = NoiseLaw("|N(0, 1)|", _half_normal, positive=True, fills_out=True,
+                                moments=mom.HALF_NORMAL)
+STANDARD_HALF_CAUCHY = NoiseLaw("|Cauchy(0, 1)|", _half_cauchy, positive=True, fills_out=True,
+                                moments=mom.HALF_CAUCHY)
+STANDARD_RAYLEIGH = NoiseLaw("Rayleigh(1)", _rayleigh, positive=True, fills_out=True, moments=mom.RAYLEIGH)
 
 
 def gamma_noise(concentration: torch.Tensor) -> NoiseLaw:
     """ξ ~ Gamma(k, 1) for a fixed shape ``k`` (broadcast against the sample)."""
-    return NoiseLaw(
-        f"Gamma(k, 1)",
-        lambda shape, dtype, device: _standard_gamma(concentration, shape, dtype, device),
-        positive=True, moments=mom.gamma(concentration),
-    )
+
+    def sampler(shape, dtype, device, out=None, work=None):
+        return _standard_gamma(concentration, shape, dtype, device, work)
+
+    return NoiseLaw("Gamma(k, 1)", sampler, positive=True, fills_out=True, moments=mom.gamma(concentration))
 
 
 def inverse_gamma_noise(concentration: torch.Tensor) -> NoiseLaw:
     """ξ = 1/G, G ~ Gamma(k, 1)."""
-    return NoiseLaw(
-        "1/Gamma(k, 1)",
-        lambda shape, dtype, device: _standard_gamma(concentration, shape, dtype, device).reciprocal_(),
-        positive=True, moments=mom.inverse_gamma(concentration),
-    )
+
+    def sampler(shape, dtype, device, out=None, work=None):
+        return _standard_gamma(concentration, shape, dtype, device, work).reciprocal_()
+
+    return NoiseLaw("1/Gamma(k, 1)", sampler, positive=True, fills_out=True,
+                    moments=mom.inverse_gamma(concentration))
 
 
 def weibull_noise(concentration: torch.Tensor) -> NoiseLaw:
     """ξ = E^(1/k), E ~ Exp(1): a Weibull(1, k) draw."""
 
-    def sampler(shape, dtype, device):
+    def sampler(shape, dtype, device, out=None, work=None):
         k = concentration.detach().to(dtype=dtype, device=device)
-        return _exponential(shape, dtype, device).pow_(k.reciprocal().expand(shape))
+        return _exponential(shape, dtype, device, out).pow_(k.reciprocal().expand(shape))
 
-    return NoiseLaw("Weibull(1, k)", sampler, positive=True, moments=mom.weibull(concentration))
+    return NoiseLaw("Weibull(1, k)", sampler, positive=True, fills_out=True, moments=mom.weibull(concentration))
 
 
 def student_t_noise(df: torch.Tensor) -> NoiseLaw:
     """ξ = Z / sqrt(V/ν), Z ~ N(0,1), V ~ χ²(ν) for a fixed ``df`` ν."""
 
-    def sampler(shape, dtype, device):
+    def sampler(shape, dtype, device, out=None, work=None):
         nu = df.detach().to(dtype=dtype, device=device)
-        z = torch.randn(shape, dtype=dtype, device=device)
-        chi2 = 2 * _standard_gamma(nu / 2, shape, dtype, device)
-        return z * torch.rsqrt(chi2 / nu)
+        z = _normal(shape, dtype, device, out)
+        chi2 = _standard_gamma(nu / 2, shape, dtype, device, work).mul_(2)
+        return z.mul_(chi2.div_(nu).rsqrt_())
 
-    return NoiseLaw("StudentT(ν, 0, 1)", sampler, moments=mom.student_t(df))
+    return NoiseLaw("StudentT(ν, 0, 1)", sampler, fills_out=True, moments=mom.student_t(df))
+
+
+#: Elements of the scratch tile in which Radial squares its draws for their norms.
+RADIAL_TILE_ELEMENTS = 1 << 18
 
 
 def radial_noise_law(event_ndims: int) -> NoiseLaw:
-    """ξ = (ε/‖ε‖)·r, ε ~ N(0, I) over the last ``event_ndims`` dims, r ~ N(0, 1)."""
+    """ξ = (ε/‖ε‖)·r, ε ~ N(0, I) over the last ``event_ndims`` dims, r ~ N(0, 1).
 
-    def sampler(shape, dtype, device):
-        eps = torch.randn(shape, dtype=dtype, device=device)
-        dims = tuple(range(len(shape) - event_ndims, len(shape)))
-        r_shape = shape[: len(shape) - event_ndims] + (1,) * event_ndims
-        r = torch.randn(r_shape, dtype=dtype, device=device)
-        norm = eps.square().sum(dim=dims, keepdim=True).sqrt() if dims else eps.abs()
-        return eps / norm * r
+    ε is drawn into ``out`` and divided and scaled there; the squares whose sums give the norms
+    are formed a tile of rows at a time in a small workspace buffer, so no block-sized temporary
+    is allocated.
+    """
 
-    return NoiseLaw("Radial: (ε/‖ε‖)·r", sampler, event_ndims=event_ndims, moments=mom.radial(event_ndims))
+    def sampler(shape, dtype, device, out=None, work=None):
+        eps = _normal(shape, dtype, device, out)
+        lead = len(shape) - event_ndims
+        r_shape = shape[:lead] + (1,) * event_ndims
+        if event_ndims:
+            r = torch.randn(r_shape, dtype=dtype, device=device)
+            norm = _square_sums(eps, lead, r_shape, work).sqrt_()
+        else:  # ε/|ε|·r with r of the full shape
+            r = _normal(shape, dtype, device, work.buffer("radial_r", shape, dtype, device))
+            norm = torch.abs(eps, out=work.buffer("radial_norm", shape, dtype, device))
+        return eps.div_(norm).mul_(r)
+
+    return NoiseLaw("Radial: (ε/‖ε‖)·r", sampler, event_ndims=event_ndims, fills_out=True,
+                    moments=mom.radial(event_ndims))
+
+
+def _square_sums(eps: torch.Tensor, lead: int, r_shape, work: Workspace) -> torch.Tensor:
+    """``eps.square().sum(dims, keepdim=True)`` over the dims from ``lead`` on, squares formed by tiles.
+
+    Bit-identical to the one-shot form: a square is exact per element, and each output is reduced
+    whole by the same kernel however many outputs are reduced together, as long as there are at
+    least two of them (a single output is reduced by torch in parallel pieces of the event). So
+    tiles hold at least two events, and a single event is squared whole.
+    """
+    shape = tuple(eps.shape)
+    sums = torch.empty(r_shape, dtype=eps.dtype, device=eps.device)
+    dims = tuple(range(lead, len(shape)))
+    outputs = math.prod(shape[:lead])
+    if outputs <= 1:
+        sq = torch.square(eps, out=work.buffer("radial_sq", shape, eps.dtype, eps.device))
+        return torch.sum(sq, dim=dims, keepdim=True, out=sums)
+    event = shape[lead:]
+    flat_eps = eps.view((outputs,) + event)
+    flat_sums = sums.view((outputs,) + r_shape[lead:])
+    step = max(2, RADIAL_TILE_ELEMENTS // max(1, math.prod(event)))
+    for start in range(0, outputs, step):
+        stop = min(start + step, outputs)
+        start = min(start, stop - 2)  # a lone last event is reduced again with its predecessor
+        tile = flat_eps[start:stop]
+        sq = torch.square(tile, out=work.buffer("radial_sq", tuple(tile.shape), eps.dtype, eps.device))
+        torch.sum(sq, dim=tuple(range(1, sq.dim())), keepdim=True, out=flat_sums[start:stop])
+    return sums
 
 
 # --------------------------------------------------------------------------- statistics
