@@ -14,6 +14,7 @@ that only use the global generator (``torch._standard_gamma``) are seeded too.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -117,6 +118,75 @@ class Workspace:
         return sum(b.numel() * b.element_size() for b in self._buffers.values())
 
 
+class BlockPool:
+    """At most one spare block buffer, handed from a finished noise stream to the next one.
+
+    Consecutive estimates (the layers of :func:`mcgraph.nn.kl`) would each map a fresh block of
+    memory for their noise stream and give it back to the OS when done; inside
+    :func:`reuse_noise_blocks` a stream that is done (:meth:`BlockStream.release`) leaves its
+    block here and the next stream draws into it. A buffer is lent to one stream at a time.
+    """
+
+    def __init__(self) -> None:
+        self._spare: torch.Tensor | None = None
+        #: the scratch buffers of every stream drawn inside the pool's scope (draws there run one at a time)
+        self.workspace = Workspace()
+
+    def take(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+        """The spare buffer's first ``numel`` elements (flat), if it is large enough; it leaves the pool."""
+        spare = self._spare
+        if spare is None or spare.numel() < numel or spare.dtype != dtype or spare.device != device:
+            return None
+        self._spare = None
+        return spare[:numel]
+
+    def give(self, buffer: torch.Tensor) -> None:
+        """Keep ``buffer`` (flat, sole owner of its memory) as the spare if it is the largest offered."""
+        if self._spare is None or buffer.numel() > self._spare.numel():
+            self._spare = buffer
+
+    def nbytes(self) -> int:
+        """Bytes of the spare buffer and of the shared workspace."""
+        spare = 0 if self._spare is None else self._spare.numel() * self._spare.element_size()
+        return spare + self.workspace.nbytes()
+
+
+_POOL: contextvars.ContextVar[BlockPool | None] = contextvars.ContextVar("mcgraph_noise_pool", default=None)
+
+
+def _stream_workspace() -> Workspace:
+    pool = _POOL.get()
+    return Workspace() if pool is None else pool.workspace
+
+
+@contextlib.contextmanager
+def reuse_noise_blocks() -> Iterator[BlockPool]:
+    """Within the block, a noise stream that is done hands its block buffer to the next stream.
+
+    Use it around a sequence of estimates (one per layer): their streams then map one block of
+    memory in all instead of one each, and share one :class:`Workspace` for the samplers' scratch.
+    Both are freed when the block exits. :func:`mcgraph.nn.kl` (and so ``elbo``) runs its layers in one.
+
+    Example:
+        >>> import torch, mcgraph as mg
+        >>> q = torch.distributions.Laplace(torch.zeros(5), torch.ones(5))
+        >>> with reuse_noise_blocks() as pool:
+        ...     a = mg.kl_divergence(q, torch.distributions.Normal(0.0, 1.0), 100, seed=0)
+        ...     b = mg.kl_divergence(q, torch.distributions.Normal(0.0, 2.0), 100, seed=0)
+        >>> pool.nbytes() > 0
+        True
+    """
+    pool = _POOL.get()
+    if pool is not None:  # nested: the outer pool serves
+        yield pool
+        return
+    token = _POOL.set(BlockPool())
+    try:
+        yield _POOL.get()
+    finally:
+        _POOL.reset(token)
+
+
 @dataclass
 class BlockStream:
     """Rows ``[start, stop)`` of a seeded stream drawn in fixed blocks.
@@ -146,9 +216,11 @@ class BlockStream:
     device: torch.device
     owns_rows: bool = False  # rows may be modified in place by the consumer (statistics only)
     fills_out: bool = False
+    row_shape: tuple | None = None  #: shape of one row, when known: a pooled buffer can then be used
+    dtype: torch.dtype | None = None  #: dtype of the rows, with ``row_shape``
     _cache: tuple[int, torch.Tensor] | None = field(default=None, repr=False)
     _buffer: torch.Tensor | None = field(default=None, repr=False)
-    _work: Workspace = field(default_factory=Workspace, repr=False)
+    _work: Workspace = field(default_factory=_stream_workspace, repr=False)
 
     def _block(self, b: int) -> torch.Tensor:
         if self._cache is not None and self._cache[0] == b and not self.owns_rows:
@@ -159,6 +231,12 @@ class BlockStream:
         if (self.fills_out and self._buffer is not None and self._buffer.shape[0] >= n
                 and (self.owns_rows or _sole_owner(self._buffer))):
             out = self._buffer[:n]
+        elif self.fills_out and self.row_shape is not None and _POOL.get() is not None:
+            rows = min(self.block, self.num_samples)
+            flat = _POOL.get().take(rows * math.prod(self.row_shape), self.dtype, torch.device(self.device))
+            if flat is not None:
+                self._buffer = flat.view((rows,) + tuple(self.row_shape))
+                out = self._buffer[:n] if n <= rows else None
         with seeded(mix_seed(self.seed, b), self.device):
             rows = self.draw(n, out=out, work=self._work) if self.fills_out else self.draw(n)
         if out is None or rows.data_ptr() != out.data_ptr():
@@ -168,6 +246,18 @@ class BlockStream:
             rows = rows[:] if self._buffer is not None else rows
         self._cache = (b, rows)
         return rows
+
+    def release(self) -> None:
+        """The stream is done: its block buffer goes to the active :func:`reuse_noise_blocks` pool.
+
+        The buffer is handed on only when no row view of it is alive any more; otherwise it is
+        simply dropped (and freed with the last view).
+        """
+        self._cache = None
+        buffer, self._buffer = self._buffer, None
+        pool = _POOL.get()
+        if pool is not None and buffer is not None and _sole_owner(buffer):
+            pool.give(buffer.view(-1))
 
     def rows(self, start: int, stop: int) -> torch.Tensor:
         """Rows ``start … stop-1`` of the stream, shape ``(stop-start, *shape)``.
@@ -373,16 +463,13 @@ def student_t_noise(df: torch.Tensor) -> NoiseLaw:
     return NoiseLaw("StudentT(ν, 0, 1)", sampler, fills_out=True, moments=mom.student_t(df))
 
 
-#: Elements of the scratch tile in which Radial squares its draws for their norms.
-RADIAL_TILE_ELEMENTS = 1 << 18
-
-
 def radial_noise_law(event_ndims: int) -> NoiseLaw:
     """ξ = (ε/‖ε‖)·r, ε ~ N(0, I) over the last ``event_ndims`` dims, r ~ N(0, 1).
 
-    ε is drawn into ``out`` and divided and scaled there; the squares whose sums give the norms
-    are formed a tile of rows at a time in a small workspace buffer, so no block-sized temporary
-    is allocated.
+    ε is drawn into ``out`` and divided and scaled there; its squares, whose sums give the norms,
+    go into a workspace buffer. They are reduced whole, as ``eps.square().sum(dims)`` would be:
+    torch splits a reduction with few outputs across threads depending on how many outputs there
+    are, so summing the rows in smaller groups would not give the same bits.
     """
 
     def sampler(shape, dtype, device, out=None, work=None):
@@ -391,7 +478,8 @@ def radial_noise_law(event_ndims: int) -> NoiseLaw:
         r_shape = shape[:lead] + (1,) * event_ndims
         if event_ndims:
             r = torch.randn(r_shape, dtype=dtype, device=device)
-            norm = _square_sums(eps, lead, r_shape, work).sqrt_()
+            squares = torch.square(eps, out=work.buffer("radial_sq", shape, dtype, device))
+            norm = squares.sum(dim=tuple(range(lead, len(shape))), keepdim=True).sqrt_()
         else:  # ε/|ε|·r with r of the full shape
             r = _normal(shape, dtype, device, work.buffer("radial_r", shape, dtype, device))
             norm = torch.abs(eps, out=work.buffer("radial_norm", shape, dtype, device))
@@ -399,34 +487,6 @@ def radial_noise_law(event_ndims: int) -> NoiseLaw:
 
     return NoiseLaw("Radial: (ε/‖ε‖)·r", sampler, event_ndims=event_ndims, fills_out=True,
                     moments=mom.radial(event_ndims))
-
-
-def _square_sums(eps: torch.Tensor, lead: int, r_shape, work: Workspace) -> torch.Tensor:
-    """``eps.square().sum(dims, keepdim=True)`` over the dims from ``lead`` on, squares formed by tiles.
-
-    Bit-identical to the one-shot form: a square is exact per element, and each output is reduced
-    whole by the same kernel however many outputs are reduced together, as long as there are at
-    least two of them (a single output is reduced by torch in parallel pieces of the event). So
-    tiles hold at least two events, and a single event is squared whole.
-    """
-    shape = tuple(eps.shape)
-    sums = torch.empty(r_shape, dtype=eps.dtype, device=eps.device)
-    dims = tuple(range(lead, len(shape)))
-    outputs = math.prod(shape[:lead])
-    if outputs <= 1:
-        sq = torch.square(eps, out=work.buffer("radial_sq", shape, eps.dtype, eps.device))
-        return torch.sum(sq, dim=dims, keepdim=True, out=sums)
-    event = shape[lead:]
-    flat_eps = eps.view((outputs,) + event)
-    flat_sums = sums.view((outputs,) + r_shape[lead:])
-    step = max(2, RADIAL_TILE_ELEMENTS // max(1, math.prod(event)))
-    for start in range(0, outputs, step):
-        stop = min(start + step, outputs)
-        start = min(start, stop - 2)  # a lone last event is reduced again with its predecessor
-        tile = flat_eps[start:stop]
-        sq = torch.square(tile, out=work.buffer("radial_sq", tuple(tile.shape), eps.dtype, eps.device))
-        torch.sum(sq, dim=tuple(range(1, sq.dim())), keepdim=True, out=flat_sums[start:stop])
-    return sums
 
 
 # --------------------------------------------------------------------------- statistics

@@ -24,7 +24,7 @@ NEEDS = {"mcgraph.interop": "blitz", "mcgraph.interop.registry": "bayesian_torch
          "mcgraph.interop.convert": "blitz", "mcgraph.interop.bayesian_torch": "bayesian_torch",
          "mcgraph.interop.blitz": "blitz", "mcgraph.interop.torchbnn": "torchbnn", "mcgraph.interop.pyro": "pyro",
          "mcgraph.interop.tyxe": "tyxe"}
-MODULES += ["mcgraph.interop.priors", "mcgraph.stderr", "mcgraph.moments"]
+MODULES += ["mcgraph.interop.priors", "mcgraph.stderr", "mcgraph.moments", "mcgraph.noise"]
 
 
 @pytest.mark.parametrize("name", MODULES + sorted(NEEDS))

@@ -206,20 +206,58 @@ def test_workspace_grows_and_reuses():
     assert d.dtype == torch.float64
 
 
-@pytest.mark.parametrize("tile", [nz.RADIAL_TILE_ELEMENTS, 64], ids=["default-tile", "tiny-tile"])
 @pytest.mark.parametrize("full,event_ndims", [
-    ((1, 300, 1000), 2),   # one event: squared whole
-    ((3, 300, 1000), 2),   # tiles of two events, the last one alone → reduced with its predecessor
+    ((1, 300, 1000), 2),   # one event (torch reduces it in parallel pieces)
+    ((3, 300, 1000), 2),   # few events: torch's split of the outputs across threads matters
     ((5, 300, 1000), 2),
     ((2, 3, 100_000), 1),  # batch dims in front of the event
     ((7, 5, 9), 2),
     ((9, 4), 1),
 ])
-def test_radial_tiled_norms_match_one_shot_norms(full, event_ndims, tile, threads, monkeypatch):
-    monkeypatch.setattr(nz, "RADIAL_TILE_ELEMENTS", tile)
+def test_radial_norms_into_workspace_match_one_shot_norms(full, event_ndims, threads):
     law, ref = nz.radial_noise_law(event_ndims), ref_radial(event_ndims)
     with seeded(11, torch.device("cpu")):
         expected = ref(full, torch.float32, torch.device("cpu"))
     with seeded(11, torch.device("cpu")):
         got = law.sample(full, torch.float32, torch.device("cpu"), out=torch.empty(full), work=Workspace())
     assert torch.equal(got, expected)
+
+
+def _owned_normal_stream(seed, shape=(6, 5), num_samples=10, block=4):
+    stream = _stream(nz.STANDARD_NORMAL, shape, torch.float32, seed, num_samples, block, owns_rows=True)
+    stream.row_shape, stream.dtype = shape, torch.float32
+    return stream
+
+
+def test_pool_hands_a_finished_stream_block_to_the_next_stream():
+    ref = lambda s, d, dev: torch.randn(s, dtype=d, device=dev)  # noqa: E731
+    with nz.reuse_noise_blocks() as pool:
+        first = _owned_normal_stream(1)
+        rows = [r.clone() for _, _, r in first.chunks(4)]
+        ptr = first._buffer.data_ptr()
+        first.release()
+        assert pool.nbytes() >= 4 * 30 * 4
+        second = _owned_normal_stream(2)
+        got = []
+        for _, _, r in second.chunks(4):
+            assert r.data_ptr() == ptr
+            got.append(r.clone())
+        assert second._work is first._work is pool.workspace
+    assert torch.equal(torch.cat(rows), _reference_stream(ref, (6, 5), torch.float32, 1, 10, 4))
+    assert torch.equal(torch.cat(got), _reference_stream(ref, (6, 5), torch.float32, 2, 10, 4))
+
+
+def test_pool_does_not_take_a_block_that_a_view_still_holds():
+    with nz.reuse_noise_blocks() as pool:
+        stream = _owned_normal_stream(1)
+        kept = stream.rows(0, 4)[1:2]
+        stream.release()
+        assert pool.nbytes() == 0  # kept still reads the block: it is not handed on
+        expected = kept.clone()
+        other = _owned_normal_stream(2)
+        other.rows(0, 4)
+        assert torch.equal(kept, expected)
+    outside = _owned_normal_stream(1)
+    outside.rows(0, 4)
+    outside.release()
+    assert outside._buffer is None and nz._POOL.get() is None
