@@ -124,7 +124,8 @@ class BlockPool:
     Consecutive estimates (the layers of :func:`mcgraph.nn.kl`) would each map a fresh block of
     memory for their noise stream and give it back to the OS when done; inside
     :func:`reuse_noise_blocks` a stream that is done (:meth:`BlockStream.release`) leaves its
-    block here and the next stream draws into it. A buffer is lent to one stream at a time.
+    block here and the next stream draws into it. A buffer is lent to one stream at a time, and
+    only to a stream with ``owns_rows`` (its consumer, the collapsed tier's statistics, releases it).
     """
 
     def __init__(self) -> None:
@@ -231,7 +232,8 @@ class BlockStream:
         if (self.fills_out and self._buffer is not None and self._buffer.shape[0] >= n
                 and (self.owns_rows or _sole_owner(self._buffer))):
             out = self._buffer[:n]
-        elif self.fills_out and self.row_shape is not None and _POOL.get() is not None:
+        elif self.owns_rows and self.fills_out and self.row_shape is not None and _POOL.get() is not None:
+            # owned streams (statistics) are released when done: a pooled buffer comes back
             rows = min(self.block, self.num_samples)
             flat = _POOL.get().take(rows * math.prod(self.row_shape), self.dtype, torch.device(self.device))
             if flat is not None:
@@ -270,17 +272,20 @@ class BlockStream:
             blk = self._block(first)
             lo, hi = start - first * self.block, stop - first * self.block
             return blk if (lo == 0 and hi == blk.shape[0]) else blk[lo:hi]
-        out = None
+        out, parts = None, []
         for b in range(first, last + 1):
             lo = max(start - b * self.block, 0)
             hi = min(stop - b * self.block, self.block)
             part = self._block(b)[lo:hi]
+            if parts or (out is None and part.requires_grad):  # rsample rows carry a graph: concatenated
+                parts.append(part)
+                continue
             if out is None:
                 out = part.new_empty((stop - start,) + tuple(part.shape[1:]))
             at = b * self.block + lo - start
             out[at:at + part.shape[0]].copy_(part)
             del part
-        return out
+        return torch.cat(parts) if parts else out
 
     def chunks(self, chunk_size: int) -> Iterator[tuple[int, int, torch.Tensor]]:
         """Yield ``(start, stop, rows)`` over the whole stream in chunks of ``chunk_size``."""
@@ -319,7 +324,7 @@ class NoiseLaw:
 
     def sample(self, shape, dtype, device, out: torch.Tensor | None = None,
                work: Workspace | None = None) -> torch.Tensor:
-        """Draw ξ of ``shape``; ``out`` (same shape and dtype, contiguous) is filled in place when the law can.
+        """Draw ξ of ``shape``; ``out`` (same shape and dtype, contiguous) is filled when the law can.
 
         The values do not depend on ``out`` or ``work``, only where they are written.
         """
@@ -414,7 +419,8 @@ STANDARD_LOGISTIC = NoiseLaw("Logistic(0, 1)", _logistic, fills_out=True, moment
 STANDARD_CAUCHY = NoiseLaw("Cauchy(0, 1)", _cauchy, fills_out=True, moments=mom.CAUCHY)
 STANDARD_GUMBEL = NoiseLaw("Gumbel(0, 1)", _gumbel, fills_out=True, moments=mom.GUMBEL)
 STANDARD_UNIFORM = NoiseLaw("U(0, 1)", _uniform, positive=True, fills_out=True, moments=mom.UNIFORM)
-STANDARD_EXPONENTIAL = NoiseLaw("Exp(1)", _exponential, positive=True, fills_out=True, moments=mom.EXPONENTIAL)
+STANDARD_EXPONENTIAL = NoiseLaw("Exp(1)", _exponential, positive=True, fills_out=True,
+                                moments=mom.EXPONENTIAL)
 STANDARD_HALF_NORMAL = NoiseLaw("|N(0, 1)|", _half_normal, positive=True, fills_out=True,
                                 moments=mom.HALF_NORMAL)
 STANDARD_HALF_CAUCHY = NoiseLaw("|Cauchy(0, 1)|", _half_cauchy, positive=True, fills_out=True,
@@ -448,7 +454,8 @@ def weibull_noise(concentration: torch.Tensor) -> NoiseLaw:
         k = concentration.detach().to(dtype=dtype, device=device)
         return _exponential(shape, dtype, device, out).pow_(k.reciprocal().expand(shape))
 
-    return NoiseLaw("Weibull(1, k)", sampler, positive=True, fills_out=True, moments=mom.weibull(concentration))
+    return NoiseLaw("Weibull(1, k)", sampler, positive=True, fills_out=True,
+                    moments=mom.weibull(concentration))
 
 
 def student_t_noise(df: torch.Tensor) -> NoiseLaw:

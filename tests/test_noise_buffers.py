@@ -125,7 +125,8 @@ def _reference_stream(ref, shape, dtype, seed, num_samples, block):
 def _stream(law, shape, dtype, seed, num_samples, block, owns_rows=False):
     def draw(n, out=None, work=None):
         return law.sample((n,) + shape, dtype, torch.device("cpu"), out=out, work=work)
-    return BlockStream(draw, num_samples, block, seed, torch.device("cpu"), owns_rows=owns_rows, fills_out=True)
+    return BlockStream(draw, num_samples, block, seed, torch.device("cpu"), owns_rows=owns_rows,
+                       fills_out=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -261,3 +262,18 @@ def test_pool_does_not_take_a_block_that_a_view_still_holds():
     outside.rows(0, 4)
     outside.release()
     assert outside._buffer is None and nz._POOL.get() is None
+
+
+def test_straddling_rows_that_carry_a_graph_keep_it():
+    scale = torch.tensor(2.0, requires_grad=True)
+
+    def draw(n):  # rsample-like rows: a function of a parameter
+        return torch.randn(n, 3) * scale
+
+    stream = BlockStream(draw, 10, 4, 5, torch.device("cpu"))
+    rows = stream.rows(2, 10)
+    rows.sum().backward()
+    expected = _reference_stream(lambda s, d, dev: torch.randn(s, dtype=d, device=dev), (3,), torch.float32,
+                                 5, 10, 4)[2:10]
+    assert torch.equal(rows.detach(), 2 * expected)
+    assert torch.allclose(scale.grad, expected.sum())

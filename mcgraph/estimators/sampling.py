@@ -26,8 +26,8 @@ def stream_for(form, seed: int, num_samples: int) -> BlockStream:
         return triton_stream
     block = rows_per_block(sample_numel(form), num_samples)
     if isinstance(form, SamplingForm):  # ξ is drawn into the stream's reused block buffer
-        return BlockStream(form.draw_noise, num_samples, block, seed, form.device,
-                           fills_out=form.noise.fills_out, row_shape=tuple(form.noise_shape), dtype=form.dtype)
+        return BlockStream(form.draw_noise, num_samples, block, seed, form.device, fills_out=form.noise.fills_out,
+                           row_shape=tuple(form.noise_shape), dtype=form.dtype)
     return BlockStream(form.draw, num_samples, block, seed, form.device)
 
 
