@@ -102,15 +102,17 @@ class Workspace:
         (torch.Size([2, 3]), torch.Size([1, 3]), True)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, reserve: int = 0) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
+        self.reserve = reserve  #: elements allocated at least (memory is only touched as it is used)
 
     def buffer(self, name: str, shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A contiguous uninitialised tensor of ``shape`` (the named buffer, reused when large enough)."""
         numel = math.prod(shape)
         buf = self._buffers.get(name)
         if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != torch.device(device):
-            buf = self._buffers[name] = torch.empty(max(numel, 1), dtype=dtype, device=device)
+            self._buffers.pop(name, None)
+            buf = self._buffers[name] = torch.empty(max(numel, self.reserve, 1), dtype=dtype, device=device)
         return buf[:numel].view(tuple(shape))
 
     def nbytes(self) -> int:
@@ -130,8 +132,9 @@ class BlockPool:
 
     def __init__(self) -> None:
         self._spare: torch.Tensor | None = None
-        #: the scratch buffers of every stream drawn inside the pool's scope (draws there run one at a time)
-        self.workspace = Workspace()
+        #: the scratch buffers of every stream drawn inside the pool's scope (draws there run one at a time);
+        #: sized for a whole block at once, so that the layers' growing blocks do not reallocate it
+        self.workspace = Workspace(reserve=NOISE_BLOCK_ELEMENTS)
 
     def take(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
         """The spare buffer's first ``numel`` elements (flat), if it is large enough; it leaves the pool."""
@@ -221,6 +224,7 @@ class BlockStream:
     dtype: torch.dtype | None = None  #: dtype of the rows, with ``row_shape``
     _cache: tuple[int, torch.Tensor] | None = field(default=None, repr=False)
     _buffer: torch.Tensor | None = field(default=None, repr=False)
+    _flat: torch.Tensor | None = field(default=None, repr=False)  # the pooled memory _buffer lies in
     _work: Workspace = field(default_factory=_stream_workspace, repr=False)
 
     def _block(self, b: int) -> torch.Tensor:
@@ -235,16 +239,19 @@ class BlockStream:
         elif self.owns_rows and self.fills_out and self.row_shape is not None and _POOL.get() is not None:
             # owned streams (statistics) are released when done: a pooled buffer comes back
             rows = min(self.block, self.num_samples)
-            flat = _POOL.get().take(rows * math.prod(self.row_shape), self.dtype, torch.device(self.device))
-            if flat is not None:
-                self._buffer = flat.view((rows,) + tuple(self.row_shape))
-                out = self._buffer[:n] if n <= rows else None
+            numel = rows * math.prod(self.row_shape)
+            flat = _POOL.get().take(numel, self.dtype, torch.device(self.device))
+            if flat is None:  # room for any block: pages are only touched (mapped) as they are written
+                flat = torch.empty(max(numel, NOISE_BLOCK_ELEMENTS), dtype=self.dtype, device=self.device)
+            self._flat, self._buffer = flat, flat[:numel].view((rows,) + tuple(self.row_shape))
+            out = self._buffer[:n]
         with seeded(mix_seed(self.seed, b), self.device):
             rows = self.draw(n, out=out, work=self._work) if self.fills_out else self.draw(n)
         if out is None or rows.data_ptr() != out.data_ptr():
             # A fresh block (or a law that cannot fill ``out``): its memory serves the next blocks.
             # Only views of the buffer are handed out, so that _sole_owner sees who still holds one.
             self._buffer = rows if self.fills_out and rows.is_contiguous() else None
+            self._flat = None
             rows = rows[:] if self._buffer is not None else rows
         self._cache = (b, rows)
         return rows
@@ -256,10 +263,11 @@ class BlockStream:
         simply dropped (and freed with the last view).
         """
         self._cache = None
-        buffer, self._buffer = self._buffer, None
+        flat = self._flat if self._flat is not None else self._buffer
+        self._buffer = self._flat = None
         pool = _POOL.get()
-        if pool is not None and buffer is not None and _sole_owner(buffer):
-            pool.give(buffer.view(-1))
+        if pool is not None and flat is not None and _sole_owner(flat):
+            pool.give(flat.view(-1))
 
     def rows(self, start: int, stop: int) -> torch.Tensor:
         """Rows ``start … stop-1`` of the stream, shape ``(stop-start, *shape)``.
