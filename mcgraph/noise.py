@@ -296,10 +296,20 @@ class BlockStream:
         return torch.cat(parts) if parts else out
 
     def chunks(self, chunk_size: int) -> Iterator[tuple[int, int, torch.Tensor]]:
-        """Yield ``(start, stop, rows)`` over the whole stream in chunks of ``chunk_size``."""
+        """Yield ``(start, stop, rows)`` over the whole stream in chunks of ``chunk_size``.
+
+        The last chunk of a block is yielded as a copy when the stream reuses its buffer: the
+        consumer's loop still holds it when it asks for the next chunk, and a view would keep the
+        whole block from being redrawn in place (two blocks alive instead of one block and a chunk).
+        """
         for start in range(0, self.num_samples, chunk_size):
             stop = min(start + chunk_size, self.num_samples)
-            yield start, stop, self.rows(start, stop)
+            rows = self.rows(start, stop)
+            if (self.fills_out and not self.owns_rows and stop < self.num_samples
+                    and (stop - 1) // self.block != stop // self.block and self._buffer is not None
+                    and rows.untyped_storage().data_ptr() == self._buffer.untyped_storage().data_ptr()):
+                rows = rows.clone()
+            yield start, stop, rows
 
 
 # --------------------------------------------------------------------------- noise laws

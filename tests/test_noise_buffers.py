@@ -277,3 +277,15 @@ def test_straddling_rows_that_carry_a_graph_keep_it():
                                  5, 10, 4)[2:10]
     assert torch.equal(rows.detach(), 2 * expected)
     assert torch.allclose(scale.grad, expected.sum())
+
+
+def test_consumer_loop_over_view_chunks_redraws_each_block_in_place():
+    ref = lambda s, d, dev: torch.randn(s, dtype=d, device=dev)  # noqa: E731
+    stream = _stream(nz.STANDARD_NORMAL, (6, 5), torch.float32, 3, 20, 4)  # rows are views, not owned
+    first_rows, got = set(), []
+    for start, _, rows in stream.chunks(2):  # the loop holds the last chunk while asking for the next
+        got.append(rows.clone())
+        if start % 4 == 0:
+            first_rows.add(rows.data_ptr())
+    assert len(first_rows) == 1  # five blocks, one memory block: the last chunk of each was a copy
+    assert torch.equal(torch.cat(got), _reference_stream(ref, (6, 5), torch.float32, 3, 20, 4))
