@@ -93,9 +93,13 @@ class SamplingForm:
     def device(self) -> torch.device:
         return self.scale.device
 
-    def draw_noise(self, n: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        """n draws of ξ, shape ``(n, *noise_shape)`` (global RNG: call inside ``seeded``)."""
-        return self.noise.sample((n,) + tuple(self.noise_shape), self.dtype, self.device, out=out)
+    def draw_noise(self, n: int, out: torch.Tensor | None = None, work=None) -> torch.Tensor:
+        """n draws of ξ, shape ``(n, *noise_shape)`` (global RNG: call inside ``seeded``).
+
+        ``out`` and ``work`` (a :class:`mcgraph.noise.Workspace`) only say where the draw is
+        written (see :meth:`mcgraph.noise.NoiseLaw.sample`); the values are the same.
+        """
+        return self.noise.sample((n,) + tuple(self.noise_shape), self.dtype, self.device, out=out, work=work)
 
     def base(self, xi: torch.Tensor, loc=None, scale=None) -> torch.Tensor:
         """``u = loc + scale · ξ`` (or ``scale · ξ``), optionally with substitute parameters."""

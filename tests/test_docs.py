@@ -28,6 +28,7 @@ MODULES += ["mcgraph.interop.priors", "mcgraph.stderr", "mcgraph.moments", "mcgr
             "mcgraph.estimators.fused_body"]
 MODULES += ["mcgraph.cpu_philox"]  # its example builds the library (about a second, once per machine)
 MODULES += ["mcgraph.plan_cache"]
+MODULES += ["mcgraph.noise"]
 
 
 @pytest.mark.parametrize("name", MODULES + sorted(NEEDS))

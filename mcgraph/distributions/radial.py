@@ -78,7 +78,7 @@ def radial_noise(
         norm = eps.abs()
     norm = norm.clamp_min(torch.finfo(eps.dtype).tiny)
     radius = radius.reshape(sample_shape + (1,) * len(event_shape))
-    return eps / norm * radius
+    return eps.div_(norm).mul_(radius)  # in place: the same bits as eps / norm * radius
 
 
 def radial_noise_entropy(dim: int) -> float:

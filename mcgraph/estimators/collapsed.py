@@ -53,6 +53,13 @@ def statistics(form: SamplingForm, keys: set, seed: int, num_samples: int, chunk
         return fused_stats
     stream = stream_for(form, seed, num_samples)
     stream.owns_rows = True
+    try:
+        return _stream_statistics(stream, form, keys, num_samples, chunk_size, shard)
+    finally:
+        stream.release()  # its block buffer serves the next stream (noise.reuse_noise_blocks)
+
+
+def _stream_statistics(stream, form: SamplingForm, keys: set, num_samples: int, chunk_size: int, shard):
     if shard is None:
         return noise_statistics(stream, tuple(sorted(keys)), chunk_size, form.dtype)
     from ..distributed import window_chunks

@@ -24,8 +24,11 @@ def stream_for(form, seed: int, num_samples: int) -> BlockStream:
     triton_stream = backend.noise_stream(form, seed, num_samples)
     if triton_stream is not None:
         return triton_stream
-    draw = form.draw_noise if isinstance(form, SamplingForm) else form.draw
-    return BlockStream(draw, num_samples, rows_per_block(sample_numel(form), num_samples), seed, form.device)
+    block = rows_per_block(sample_numel(form), num_samples)
+    if isinstance(form, SamplingForm):  # ξ is drawn into the stream's reused block buffer
+        return BlockStream(form.draw_noise, num_samples, block, seed, form.device, fills_out=form.noise.fills_out,
+                           row_shape=tuple(form.noise_shape), dtype=form.dtype)
+    return BlockStream(form.draw, num_samples, block, seed, form.device)
 
 
 #: Elements per chunk for tiers that build per-chunk autograd graphs (fused, chunked):

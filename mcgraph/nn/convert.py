@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ..distributed import sharded
-from ..noise import mix_seed, resolve_seed
+from ..noise import mix_seed, resolve_seed, reuse_noise_blocks
 from .context import bayesian_modules
 from .layers import BayesConv, BayesConvTranspose, BayesLayer, BayesLinear, SampleMode
 
@@ -129,7 +129,9 @@ def kl(model: nn.Module, num_samples: int | None = None, *, seed: int | None = N
         >>> value.shape, value.requires_grad
         (torch.Size([]), True)
     """
-    with sharded(process_group, seed, 0 if num_samples is None else num_samples) as (shard, seed):
+    # the layers' noise streams draw one after another into one block of memory
+    with sharded(process_group, seed, 0 if num_samples is None else num_samples) as (shard, seed), \
+            reuse_noise_blocks():
         layers = bayesian_modules(model)
         seed = resolve_seed(seed)
         total = var = None
