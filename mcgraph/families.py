@@ -244,10 +244,24 @@ def _device_of(dist: Distribution) -> torch.device:
 
 
 def _tensor_params(dist: Distribution):
+    """The tensor parameters of ``dist`` (through ``Independent`` and transforms).
+
+    Stored parameters first; then those a distribution exposes as properties over another
+    distribution (``Beta``'s concentrations live in its inner ``Dirichlet``), read only when no
+    parameter is stored, so a lazily computed one (``probs`` from ``logits``) is never forced.
+    """
     while isinstance(dist, (Independent, TransformedDistribution)):
         dist = dist.base_dist
-    for name in getattr(dist, "arg_constraints", {}):
-        v = dist.__dict__.get(name)
+    names = list(getattr(dist, "arg_constraints", {}))
+    stored = [dist.__dict__[n] for n in names if isinstance(dist.__dict__.get(n), torch.Tensor)]
+    if stored:
+        yield from stored
+        return
+    for name in names:
+        try:
+            v = getattr(dist, name)
+        except Exception:  # noqa: BLE001 — a property that cannot be read names no dtype
+            continue
         if isinstance(v, torch.Tensor):
             yield v
 

@@ -357,3 +357,28 @@ def test_a_constant_result_is_not_shared_between_calls():
     second.add_(1.0)
     assert plan_cache.info().hits == 1
     assert torch.equal(mg.expectation(fn, q, 4, seed=0), torch.full((3,), 2.0))
+
+
+def _beta(dtype):
+    return torch.distributions.Beta(torch.tensor(2.0, dtype=dtype), torch.tensor(3.0, dtype=dtype))
+
+
+def _chi2(dtype):
+    return torch.distributions.Chi2(torch.tensor(3.0, dtype=dtype))
+
+
+@pytest.mark.parametrize("make", [_beta, _chi2], ids=["beta", "chi2"])
+def test_the_key_holds_the_dtype_of_parameters_exposed_as_properties(make):
+    """Beta's concentrations live in an inner Dirichlet, Chi2's df is computed: the form still reads
+    their dtype, so a float32 call's trace is never reused for a float64 q (found by the slow profile:
+    float64 in, float32 out)."""
+    from mcgraph.families import family_of
+
+    for dtype in (torch.float32, torch.float64):
+        assert family_of(make(dtype)).dtype == dtype
+    fn = functools.partial(torch.mul, 2.0)
+    outs = [mg.expectation(fn, make(dtype), 4, seed=0) for dtype in (torch.float32, torch.float64)]
+    assert [o.dtype for o in outs] == [torch.float32, torch.float64]
+    with plan_cache.disabled():
+        fresh = mg.expectation(fn, make(torch.float64), 4, seed=0)
+    assert torch.equal(outs[1], fresh)

@@ -247,6 +247,11 @@ _NORMAL = Family(D.Normal, (3,), (3,), 0, F64)
 # float32 on the fused tier's batched rows until it evaluated scalar samples under vmap (slow profile).
 @example(case=Case(Family(D.Laplace, (), (), 0, F64),
                    Reduce(Coef(Cast(Compare(W(), ">", 0.0), "float"), (0.688,), ()), "flip_scale"), 1, 0, 1))
+# A float64 Beta (concentrations stored in an inner Dirichlet) read as float32 by its form, so the plan
+# cache reused a float32 case's trace: float64 in, float32 out (slow profile; regression test in
+# tests/test_plan_cache.py, since it needs a float32 case first in the same process).
+@example(case=Case(Family("Beta", (), (), 0, F32, (("affine", 0.0, False),)), Reduce(W(), "flip_scale"), 1, 0, 1))
+@example(case=Case(Family("Beta", (), (), 0, F64, (("affine", 0.0, False),)), Reduce(W(), "flip_scale"), 1, 0, 1))
 @examples(150)
 def test_same_seed_same_value_and_gradients(case):
     out, sample_dtype = case.reference_output()
