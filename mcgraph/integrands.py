@@ -66,6 +66,20 @@ def _sub(value, subs):
     return value
 
 
+def monomial(w: torch.Tensor, a: int, b: int, logw: torch.Tensor | None):
+    """``(w^a (log w)^b, log w)``; the monomial is ``None`` for ``a = b = 0`` (the constant 1).
+
+    ``logw`` is ``log w`` when a previous monomial computed it (else ``None``); it is returned,
+    computed once, for the next.
+    """
+    term = w.pow(a) if a not in (0, 1) else (w if a == 1 else None)
+    if b:
+        logw = w.log() if logw is None else logw
+        lt = logw if b == 1 else logw.pow(b)
+        term = lt if term is None else term * lt
+    return term, logw
+
+
 @dataclass(eq=False)
 class PolyNode(Node):
     poly: dict
@@ -74,11 +88,7 @@ class PolyNode(Node):
         out = None
         logw = None
         for (a, b), c in self.poly.items():
-            term = w.pow(a) if a not in (0, 1) else (w if a == 1 else None)
-            if b:
-                logw = w.log() if logw is None else logw
-                lt = logw if b == 1 else logw.pow(b)
-                term = lt if term is None else term * lt
+            term, logw = monomial(w, a, b, logw)
             c = _sub(c, subs)
             # A constant monomial (w / w = w^0) is still a tensor of w's shape: callers expand it.
             term = torch.zeros_like(w) + c if term is None else c * term

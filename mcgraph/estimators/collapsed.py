@@ -121,6 +121,16 @@ def _moments(mu, sigma, stats: dict, K: int) -> list:
     return out
 
 
+def _unpack(ctx):
+    """What a polynomial Function's backward reads: ``(loc, scale, rest, coefs, need_loc, need_scale,
+    need_coefs, tensor_degrees)`` (``rest``: the statistics then the tensor coefficients)."""
+    loc, scale, *rest = ctx.saved_tensors
+    coefs = _merge_coefs(ctx.numbers, rest[ctx.K:])
+    tensor_degrees = [k for n, k in zip(ctx.numbers, ctx.degrees) if n is None]
+    return (loc, scale, rest, coefs, ctx.needs_input_grad[2], ctx.needs_input_grad[3],
+            ctx.needs_input_grad[4 + ctx.K:], tensor_degrees)
+
+
 class LocationScalePolynomial(torch.autograd.Function):
     """``V = Σ_k c_k E_k`` with ``E_k = mean_i (μ + σξ_i)^k`` from the statistics t̄_j = mean_i ξ_i^j.
 
@@ -153,14 +163,9 @@ class LocationScalePolynomial(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, g):
-        loc, scale, *rest = ctx.saved_tensors
+        loc, scale, rest, coefs, need_loc, need_scale, need_coefs, tensor_degrees = _unpack(ctx)
         K = ctx.K
         stats = {(j, 0): t for j, t in zip(range(1, K + 1), rest[:K])}
-        tensor_coefs = rest[K:]
-        coefs = _merge_coefs(ctx.numbers, tensor_coefs)
-        need_loc, need_scale = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
-        need_coefs = ctx.needs_input_grad[4 + K:]
-        tensor_degrees = [k for n, k in zip(ctx.numbers, ctx.degrees) if n is None]
         # The moments needed: E_0..E_{K-1} for μ, E_k for a coefficient c_k that needs a gradient.
         top = max([K - 1 if need_loc else 0] + [k for need, k in zip(need_coefs, tensor_degrees) if need])
         E = _moments(loc, scale, stats, top) if top > 0 else [1.0]
@@ -213,13 +218,8 @@ class OneSamplePolynomial(LocationScalePolynomial):
     @staticmethod
     @once_differentiable
     def backward(ctx, g):
-        loc, scale, *rest = ctx.saved_tensors
-        K = ctx.K
-        xi, tensor_coefs = rest[0], rest[K:]
-        coefs = _merge_coefs(ctx.numbers, tensor_coefs)
-        need_loc, need_scale = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
-        need_coefs = ctx.needs_input_grad[4 + K:]
-        tensor_degrees = [k for n, k in zip(ctx.numbers, ctx.degrees) if n is None]
+        loc, scale, rest, coefs, need_loc, need_scale, need_coefs, tensor_degrees = _unpack(ctx)
+        K, xi = ctx.K, rest[0]
         needed = [k for need, k in zip(need_coefs, tensor_degrees) if need]
         top = max([K - 1 if (need_loc or need_scale) else 0] + needed)
         if top == 0:

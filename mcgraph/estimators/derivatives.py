@@ -37,7 +37,7 @@ from typing import Callable
 
 import torch
 
-from ..integrands import Call, Node, PolyNode, SumNode, Var, _normalise_name
+from ..integrands import Call, Node, PolyNode, SumNode, Var, _normalise_name, monomial
 
 #: name -> rule(args, kwargs, out, tangents) -> tangent (None: zero).
 DERIVATIVES: dict[str, Callable] = {}
@@ -553,11 +553,7 @@ def _dual_poly(terms, w, w_tangents, tensors, slot_tangents):
     ndir = len(w_tangents)
     tangents = [None] * ndir
     for a, b, ref in terms:
-        term = w.pow(a) if a not in (0, 1) else (w if a == 1 else None)
-        if b:
-            logw = w.log() if logw is None else logw
-            lt = logw if b == 1 else logw.pow(b)
-            term = lt if term is None else term * lt
+        term, logw = monomial(w, a, b, logw)
         c = _resolve(ref, tensors)
         value = torch.zeros_like(w) + c if term is None else c * term
         out = value if out is None else out + value
