@@ -32,7 +32,6 @@ Bias (and BatchNorm, left untouched) is a deterministic point estimate unless
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import math
 import numbers
@@ -50,7 +49,7 @@ from .deprecation import callable_distribution
 from .context import NoiseKind, current_capture, current_window, form_noise_global, normal_draw, rademacher
 from .layer_kl import layer_kl
 from .masks import adopt_masks
-from .priors import layer_options, make_prior, resolve_posterior
+from .priors import layer_options, make_prior, resolve_posterior, unchecked_construction
 from .scales import scale_transform as resolve_scale_transform
 
 __all__ = ["SampleMode", "BayesLayer", "BayesLinear", "BayesConv", "BayesConv1d", "BayesConv2d",
@@ -72,17 +71,6 @@ def _check_positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     return int(value)
-
-
-@contextlib.contextmanager
-def _unvalidated():
-    """Construct distributions without torch's argument validation (restored after)."""
-    before = Distribution._validate_args
-    Distribution.set_default_validate_args(False)
-    try:
-        yield
-    finally:
-        Distribution.set_default_validate_args(before)
 
 
 def _std(var: torch.Tensor) -> torch.Tensor:
@@ -230,7 +218,7 @@ class BayesLayer(nn.Module):
         warns). Built without argument validation (σ > 0 by construction; validation would
         synchronise with the device on every forward).
         """
-        with _unvalidated():
+        with unchecked_construction():
             q = self._posterior_factory(self.weight_mu, self.weight_sigma)
         return callable_distribution(q, "layer.posterior")
 
@@ -239,7 +227,7 @@ class BayesLayer(nn.Module):
         """q(b) for a Bayesian bias, else ``None`` (a property, like :attr:`bias_prior`)."""
         if self.bias_mu is None:
             return None
-        with _unvalidated():
+        with unchecked_construction():
             q = self._posterior_factory(self.bias_mu, self.bias_sigma)
         return callable_distribution(q, "layer.bias_posterior")
 

@@ -74,10 +74,10 @@ def _raw(layer: nn.Module, name: str) -> torch.Tensor:
 
 def unmasked_posterior(layer: nn.Module) -> Distribution:
     """q(W) built from the stored parameters, ignoring the mask (differentiable in them)."""
-    from .layers import _unvalidated
+    from .priors import unchecked_construction
 
     mu, rho = _raw(layer, "weight_mu"), _raw(layer, "weight_rho")
-    with _unvalidated():
+    with unchecked_construction():
         return layer._posterior_factory(mu, layer.scale_transform(rho))
 
 
