@@ -252,6 +252,11 @@ _NORMAL = Family(D.Normal, (3,), (3,), 0, F64)
 # tests/test_plan_cache.py, since it needs a float32 case first in the same process).
 @example(case=Case(Family("Beta", (), (), 0, F32, (("affine", 0.0, False),)), Reduce(W(), "flip_scale"), 1, 0, 1))
 @example(case=Case(Family("Beta", (), (), 0, F64, (("affine", 0.0, False),)), Reduce(W(), "flip_scale"), 1, 0, 1))
+# exp(affine(exp(Exponential))) overflows to inf: the direct gradient is −inf, the chunked one NaN (a generic
+# form's chunk backpropagates through its whole block's rsample graph: 0·inf); both non-finite (slow profile).
+@example(case=Case(Family(D.Exponential, (1, 1), (1, 1), 0, F64,
+                          (("exp", 0.0, False), ("affine", 0.0, True), ("exp", 0.0, False))),
+                   Binary("+", W(True), Log(W(True))), 10, 0, 1))
 @examples(150)
 def test_same_seed_same_value_and_gradients(case):
     out, sample_dtype = case.reference_output()
