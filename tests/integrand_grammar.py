@@ -126,6 +126,11 @@ class Binary(Node):
     y: Node
 
     @property
+    def kind(self):
+        # two integer operands (indicators cast to long) stay integers
+        return "real" if "real" in (self.x.kind, self.y.kind) else "int"
+
+    @property
     def positive(self):
         return self.op in ("+", "*") and self.x.positive and self.y.positive
 
