@@ -12,7 +12,8 @@ The noise stream of a CPU form (:func:`stream_kind`). CPU tensors may read their
 from the compiled Philox stream (:mod:`mcgraph.cpu_philox`: the Triton layout, drawn and
 reduced to the collapsed statistics in one OpenMP loop) instead of torch's generator.
 Radial forms read its rows (the Triton Radial layout, :func:`mcgraph.cpu_philox.rows`); their
-collapsed statistics are reduced from those rows, chunk by chunk, in torch:
+collapsed statistics of positive powers are summed over those rows, chunk by chunk, by
+:func:`mcgraph.cpu_philox.radial_statistics` (others: reduced from the rows in torch):
 
 * ``MCGRAPH_BACKEND=cpu-philox``: every CPU form whose noise law the stream draws, at any M.
 * ``auto`` (the default): the same, but only from :data:`CPU_PHILOX_AUTO_MIN_DRAWS` draws
@@ -271,8 +272,10 @@ def noise_statistics(form, keys, seed: int, num_samples: int) -> dict | None:
     if kind == "cpu-philox":
         from . import cpu_philox
 
-        if cpu_philox_law(form) not in cpu_philox.LAWS:  # Radial: reduced from the stream's rows
-            return None
+        if cpu_philox_law(form) not in cpu_philox.LAWS:  # Radial: powers summed over its rows
+            return cpu_philox.radial_statistics(tuple(form.noise_shape), num_samples, seed,
+                                                tuple(sorted(keys)), form.dtype,
+                                                event_ndims=triton_noise(form)[1])
         return cpu_philox.statistics(cpu_philox_law(form), tuple(form.noise_shape), num_samples, seed,
                                      tuple(sorted(keys)), form.dtype)
     if kind != "triton":

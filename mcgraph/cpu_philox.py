@@ -139,6 +139,10 @@ def _load(path: pathlib.Path):
     lib.mcgraph_philox_stats.restype = ci
     lib.mcgraph_philox_radius.argtypes = [i64, i64, i64, u64, ci, vp, ci]
     lib.mcgraph_philox_radius.restype = ci
+    lib.mcgraph_scaled_power_sums.argtypes = [vp, i64, i64, i64, vp, ci, vp, ci, vp, ci]
+    lib.mcgraph_scaled_power_sums.restype = ci
+    lib.mcgraph_event_norms.argtypes = [vp, i64, i64, ci, vp, ci]
+    lib.mcgraph_event_norms.restype = ci
     lib.mcgraph_philox_words.argtypes = [u64, u64, vp]
     lib.mcgraph_philox_words.restype = None
     lib.mcgraph_philox_isa.restype = ctypes.c_char_p
@@ -285,6 +289,12 @@ def rows(noise: str, shape, start: int, stop: int, seed: int,
 
 def _scale_radial(lib, eps: torch.Tensor, event_ndims: int, start: int, stop: int, seed: int) -> None:
     """ε ← ε·r/max(‖ε‖, 1e-30) in place (the Triton Radial factor), r the tag-1 radii."""
+    events, factor = _radial_factors(lib, eps, event_ndims, start, stop, seed)
+    events.mul_(factor.unsqueeze(-1))
+
+
+def _radial_factors(lib, eps: torch.Tensor, event_ndims: int, start: int, stop: int, seed: int):
+    """``(ε viewed (n, B, D), r/max(‖ε‖, 1e-30) of shape (n, B))`` for normal rows ``eps``."""
     n = stop - start
     event = math.prod(eps.shape[eps.dim() - event_ndims:]) if event_ndims else 1
     batch = eps[0].numel() // event
@@ -293,8 +303,64 @@ def _scale_radial(lib, eps: torch.Tensor, event_ndims: int, start: int, stop: in
                                  torch.get_num_threads()) != 0:
         raise RuntimeError("cpu_philox.rows: the library rejected the radius arguments")
     events = eps.view(n, batch, event)
-    norm = torch.linalg.vector_norm(events, dim=-1).clamp_min_(1e-30)
-    events.mul_(radius.div_(norm).unsqueeze(-1))
+    norm = torch.empty((n, batch), dtype=torch.float64)  # in a fixed order: whatever the chunks and threads
+    if lib.mcgraph_event_norms(eps.data_ptr(), n * batch, event, eps.dtype == torch.float64, norm.data_ptr(),
+                               torch.get_num_threads()) != 0:
+        raise RuntimeError("cpu_philox.rows: the library rejected the norm arguments")
+    return events, radius.div_(norm.to(eps.dtype).clamp_min_(1e-30))
+
+
+def radial_statistics(shape, num_samples: int, seed: int, keys, dtype: torch.dtype = torch.float32, *,
+                      event_ndims: int = 0, chunk_size: int | None = None) -> dict | None:
+    """``{(a, 0): mean_i ξ_i^a}`` of the ``"radial"`` rows for positive powers ``a``, else ``None``.
+
+    Chunk by chunk: ε drawn into one reused buffer, the factors r/‖ε‖ as in :func:`rows`, then
+    Σ_i (ε_i·f_i)^a summed in float64 by one parallel C++ pass over the buffer — the ξ of
+    :func:`rows` (the same float product), never written back. Keys with logs or ``a < 1``
+    give ``None`` (the caller reduces the rows instead).
+
+    Args:
+        shape: shape of one draw of ξ.
+        num_samples: M ≥ 1.
+        seed: stream seed in [0, 2⁶³).
+        keys: ``(a, j)`` pairs; ``(0, 0)`` is 1.
+        dtype: of the statistics and of the draws (float64 draws in float64, others in float32).
+        event_ndims: trailing dims of ``shape`` normalised together.
+        chunk_size: samples per chunk (default: about 2²⁶ elements).
+    """
+    keys = tuple(dict.fromkeys(tuple(k) for k in keys))
+    drawn = [k for k in keys if k != (0, 0)]
+    if any(not isinstance(a, int) or isinstance(a, bool) or a < 1 or j != 0 for a, j in drawn):
+        return None
+    cdt = _compute_dtype(dtype)
+    seed = _check_seed(seed)
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
+    shape = tuple(int(s) for s in shape)
+    numel = math.prod(shape)
+    out = {k: torch.ones(shape, dtype=dtype) for k in keys if k == (0, 0)}
+    if not drawn or numel == 0:
+        return {**out, **{k: torch.zeros(shape, dtype=dtype) for k in drawn}}
+    if not isinstance(event_ndims, int) or not 0 <= event_ndims <= len(shape):
+        raise ValueError(f"event_ndims must be an int in [0, {len(shape)}] for shape {shape}, "
+                         f"got {event_ndims!r}")
+    event = math.prod(shape[len(shape) - event_ndims:]) if event_ndims else 1
+    lib = _module()
+    chunk = chunk_size or max(1, min(num_samples, 2**26 // numel))
+    buffer = torch.empty(chunk * numel, dtype=cdt)
+    powers = torch.tensor([a for a, _ in drawn], dtype=torch.int64)
+    acc = torch.zeros((len(drawn), numel), dtype=torch.float64)
+    fp64 = cdt == torch.float64
+    for start in range(0, num_samples, chunk):
+        stop = min(start + chunk, num_samples)
+        eps = rows("normal", shape, start, stop, seed, cdt, out=buffer)
+        _, factor = _radial_factors(lib, eps, event_ndims, start, stop, seed)
+        if lib.mcgraph_scaled_power_sums(eps.data_ptr(), stop - start, numel, event, factor.data_ptr(),
+                                         len(drawn), powers.data_ptr(), fp64, acc.data_ptr(),
+                                         torch.get_num_threads()) != 0:
+            raise RuntimeError("cpu_philox.radial_statistics: the library rejected its arguments")
+    means = acc.div_(num_samples)
+    return {**out, **{k: means[n].reshape(shape).to(dtype) for n, k in enumerate(drawn)}}
 
 
 def segments_for(num_samples: int, numel: int) -> int:

@@ -435,10 +435,17 @@ def test_radial_rows_equal_triton_stream(shape, event_ndims, dtype, rtol):
     torch.testing.assert_close(ours, theirs, rtol=rtol, atol=rtol)
 
 
-def test_radial_rows_chunk_independent_and_checked():
-    whole = cpu_philox.rows("radial", (3, 8), 0, 30, seed=5, dtype=F64, event_ndims=1)
-    parts = [cpu_philox.rows("radial", (3, 8), s, min(s + 7, 30), seed=5, dtype=F64, event_ndims=1)
-             for s in range(0, 30, 7)]
+@pytest.mark.parametrize("threads", [1, 2])
+def test_radial_rows_chunk_and_thread_independent_and_checked(threads):
+    shape = (3, 40000)  # events long enough for torch to split a reduction over them across threads
+    whole = cpu_philox.rows("radial", shape, 0, 30, seed=5, event_ndims=1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        parts = [cpu_philox.rows("radial", shape, s, min(s + 7, 30), seed=5, event_ndims=1)
+                 for s in range(0, 30, 7)]
+    finally:
+        torch.set_num_threads(before)
     assert torch.equal(torch.cat(parts), whole)
     with pytest.raises(ValueError, match="event_ndims"):
         cpu_philox.rows("radial", (3, 8), 0, 2, seed=5, event_ndims=3)
@@ -460,7 +467,12 @@ def test_radial_same_seed_same_value_on_cpu_philox(philox_backend):
     M = 200
     q = mgd.Radial(torch.zeros(8, 5, dtype=F64), torch.ones(8, 5, dtype=F64))
     assert backend.stream_kind(mg.family_of(q), M) == "cpu-philox"
-    assert backend.noise_statistics(mg.family_of(q), ((1, 0), (2, 0)), 13, M) is None  # reduced from rows
+    fused = backend.noise_statistics(mg.family_of(q), ((1, 0), (2, 0), (3, 0)), 13, M)
+    own = cpu_philox.PhiloxCPUStream("radial", (8, 5), M, 13, F64, event_ndims=2)
+    generic = noise_statistics(own, ((1, 0), (2, 0), (3, 0)), 7, F64)  # the rows, reduced in torch
+    for key in generic:
+        torch.testing.assert_close(fused[key], generic[key], rtol=1e-12, atol=1e-14)
+    assert cpu_philox.radial_statistics((8, 5), M, 13, [(1, 1)], F64, event_ndims=2) is None  # log ξ: rows
     stream = backend.noise_stream(mg.family_of(q), 13, M)
     assert isinstance(stream, cpu_philox.PhiloxCPUStream) and stream.event_ndims == 2
     fn = lambda w: (w - 1) ** 3 + 0.5 * w ** 2  # noqa: E731
@@ -476,6 +488,16 @@ def test_radial_same_seed_same_value_on_cpu_philox(philox_backend):
             torch.testing.assert_close(v, ref_v, rtol=1e-9, atol=1e-9, msg=lambda m: f"{what}: {m}")
             for a, b in zip(g, ref_g):
                 torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=lambda m: f"{what}: {m}")
+
+
+@pytest.mark.parametrize("dtype, rtol", [(F64, 1e-12), (torch.float32, 2e-5)])
+def test_radial_statistics_equal_statistics_of_own_rows(dtype, rtol):
+    # events straddling the 32-element tiles (D = 12), a partial tile (P = 60), several chunks
+    keys = ((1, 0), (2, 0), (4, 0))
+    fused = cpu_philox.radial_statistics((5, 12), 90, 21, keys, dtype, event_ndims=1, chunk_size=16)
+    xi = cpu_philox.rows("radial", (5, 12), 0, 90, 21, dtype, event_ndims=1).double()
+    for a, _ in keys:
+        torch.testing.assert_close(fused[(a, 0)], (xi ** a).mean(0).to(dtype), rtol=rtol, atol=rtol)
 
 
 def test_radial_kl_same_seed_across_methods_and_auto_selection(philox_backend, monkeypatch):

@@ -502,6 +502,100 @@ int mcgraph_philox_radius(int64_t B, int64_t start, int64_t stop, uint64_t seed,
   return 0;
 }
 
+// acc[k*P + j] += sum over rows r < n of (x[r*P + j] * factor[r*B + j/D])^a[k] (a[k] >= 1; B = P/D), in
+// float64: the collapsed statistics of Radial rows drawn as eps (x) and factors r/|eps| by the caller,
+// xi = x*factor rounded as the rows round it. Each thread owns whole column tiles and sums the rows in
+// order: the same result for any thread count. Returns 0, or -1 for a bad argument.
+}  // extern "C"
+
+namespace {
+template <typename Real>
+void scaled_power_sums_impl(const Real* x, int64_t n, int64_t P, int64_t D, const Real* factor, int K,
+                            const int64_t* a, double* acc, int threads) {
+  // Work items: blocks of BLOCK_TILES column tiles, each read row by row (streaming access).
+  constexpr int64_t BLOCK_TILES = 64;
+  const int64_t B = P / D, tiles = (P + LANES - 1) / LANES, blocks = (tiles + BLOCK_TILES - 1) / BLOCK_TILES;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t t1 = std::min(tiles, (blk + 1) * BLOCK_TILES);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t t = blk * BLOCK_TILES; t < t1; ++t) {
+        const int64_t j0 = t * LANES, width = std::min<int64_t>(LANES, P - j0);
+        const Real* row = x + r * P;
+        const Real* f = factor + r * B;
+        alignas(64) Real xi[LANES];
+        alignas(64) Real term[LANES];
+        if (j0 / D == (j0 + width - 1) / D) {  // the tile lies in one event: one factor
+          const Real fs = f[j0 / D];
+          if (width == LANES) {
+#pragma omp simd
+            for (int l = 0; l < LANES; ++l) xi[l] = row[j0 + l] * fs;
+          } else {
+            for (int64_t l = 0; l < width; ++l) xi[l] = row[j0 + l] * fs;
+          }
+        } else {
+          for (int64_t l = 0; l < width; ++l) xi[l] = row[j0 + l] * f[(j0 + l) / D];
+        }
+        for (int64_t l = width; l < LANES; ++l) xi[l] = Real(0);
+        for (int k = 0; k < K; ++k) {
+          double* out = acc + k * P + j0;
+#pragma omp simd
+          for (int l = 0; l < LANES; ++l) term[l] = xi[l];
+          for (int64_t e = 1; e < a[k]; ++e) {
+#pragma omp simd
+            for (int l = 0; l < LANES; ++l) term[l] = term[l] * xi[l];
+          }
+          if (width == LANES) {
+#pragma omp simd
+            for (int l = 0; l < LANES; ++l) out[l] += static_cast<double>(term[l]);
+          } else {
+            for (int64_t l = 0; l < width; ++l) out[l] += static_cast<double>(term[l]);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// out[e] = sqrt(sum_d x[e*D + d]^2) for the E = rows x batch events of D elements: one event per work
+// item, summed in order in float64 — the same norms for any chunking and any thread count.
+int mcgraph_event_norms(const void* x, int64_t E, int64_t D, int fp64, double* out, int threads) {
+  if (E < 0 || D < 1 || threads < 1) return -1;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t e = 0; e < E; ++e) {
+    double s = 0.0;
+    if (fp64) {
+      const double* p = static_cast<const double*>(x) + e * D;
+      for (int64_t d = 0; d < D; ++d) s += p[d] * p[d];
+    } else {
+      const float* p = static_cast<const float*>(x) + e * D;
+      for (int64_t d = 0; d < D; ++d) s += static_cast<double>(p[d]) * static_cast<double>(p[d]);
+    }
+    out[e] = std::sqrt(s);
+  }
+  return 0;
+}
+
+int mcgraph_scaled_power_sums(const void* x, int64_t n, int64_t P, int64_t D, const void* factor, int K,
+                              const int64_t* a, int fp64, double* acc, int threads) {
+  if (n < 0 || P < 1 || D < 1 || P % D != 0 || K < 1 || threads < 1) return -1;
+  for (int k = 0; k < K; ++k) {
+    if (a[k] < 1) return -1;
+  }
+  if (fp64) {
+    scaled_power_sums_impl<double>(static_cast<const double*>(x), n, P, D,
+                                   static_cast<const double*>(factor), K, a, acc, threads);
+  } else {
+    scaled_power_sums_impl<float>(static_cast<const float*>(x), n, P, D, static_cast<const float*>(factor), K,
+                                  a, acc, threads);
+  }
+  return 0;
+}
+
 int mcgraph_philox_lanes() { return LANES; }
 
 // The instruction set the Philox rounds were compiled for: "avx512", "avx2" or "portable".
