@@ -345,9 +345,14 @@ def radial_statistics(shape, num_samples: int, seed: int, keys, dtype: torch.dty
         raise ValueError(f"event_ndims must be an int in [0, {len(shape)}] for shape {shape}, "
                          f"got {event_ndims!r}")
     event = math.prod(shape[len(shape) - event_ndims:]) if event_ndims else 1
+    from .noise import _POOL  # the block pool of mcgraph.noise.reuse_noise_blocks
+
     lib = _module()
     chunk = chunk_size or max(1, min(num_samples, 2**26 // numel))
-    buffer = torch.empty(chunk * numel, dtype=cdt)
+    pool = _POOL.get()
+    buffer = pool.take(chunk * numel, cdt, torch.device("cpu")) if pool is not None else None
+    if buffer is None:
+        buffer = torch.empty(chunk * numel, dtype=cdt)
     powers = torch.tensor([a for a, _ in drawn], dtype=torch.int64)
     acc = torch.zeros((len(drawn), numel), dtype=torch.float64)
     fp64 = cdt == torch.float64
@@ -359,6 +364,8 @@ def radial_statistics(shape, num_samples: int, seed: int, keys, dtype: torch.dty
                                          len(drawn), powers.data_ptr(), fp64, acc.data_ptr(),
                                          torch.get_num_threads()) != 0:
             raise RuntimeError("cpu_philox.radial_statistics: the library rejected its arguments")
+    if pool is not None:  # the next layer's draw reuses it (no fresh mapping, no page faults)
+        pool.give(buffer._base if buffer._base is not None else buffer)
     means = acc.div_(num_samples)
     return {**out, **{k: means[n].reshape(shape).to(dtype) for n, k in enumerate(drawn)}}
 

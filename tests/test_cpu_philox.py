@@ -495,6 +495,11 @@ def test_radial_statistics_equal_statistics_of_own_rows(dtype, rtol):
     # events straddling the 32-element tiles (D = 12), a partial tile (P = 60), several chunks
     keys = ((1, 0), (2, 0), (4, 0))
     fused = cpu_philox.radial_statistics((5, 12), 90, 21, keys, dtype, event_ndims=1, chunk_size=16)
+    with mg.noise.reuse_noise_blocks():  # the second call draws into the first one's buffer
+        pooled = [cpu_philox.radial_statistics((5, 12), 90, 21, keys, dtype, event_ndims=1, chunk_size=16)
+                  for _ in range(2)]
+    for key in keys:
+        assert torch.equal(pooled[0][key], fused[key]) and torch.equal(pooled[1][key], fused[key])
     xi = cpu_philox.rows("radial", (5, 12), 0, 90, 21, dtype, event_ndims=1).double()
     for a, _ in keys:
         torch.testing.assert_close(fused[(a, 0)], (xi ** a).mean(0).to(dtype), rtol=rtol, atol=rtol)
