@@ -10,7 +10,10 @@
 
 The noise stream of a CPU form (:func:`stream_kind`). CPU tensors may read their noise
 from the compiled Philox stream (:mod:`mcgraph.cpu_philox`: the Triton layout, drawn and
-reduced to the collapsed statistics in one OpenMP loop) instead of torch's generator:
+reduced to the collapsed statistics in one OpenMP loop) instead of torch's generator.
+Radial forms read its rows (the Triton Radial layout, :func:`mcgraph.cpu_philox.rows`); their
+collapsed statistics of positive powers are summed over those rows, chunk by chunk, by
+:func:`mcgraph.cpu_philox.radial_statistics` (others: reduced from the rows in torch):
 
 * ``MCGRAPH_BACKEND=cpu-philox``: every CPU form whose noise law the stream draws, at any M.
 * ``auto`` (the default): the same, but only from :data:`CPU_PHILOX_AUTO_MIN_DRAWS` draws
@@ -174,14 +177,15 @@ def _triton_form(form) -> tuple[str, int] | None:
 
 def cpu_philox_law(form) -> str | None:
     """The compiled CPU stream's law for ``form`` (a CPU :class:`~mcgraph.families.SamplingForm` with a
-    floating dtype and a law of :data:`mcgraph.cpu_philox.LAWS`), else ``None``. Builds nothing."""
-    from .cpu_philox import LAWS
+    floating dtype and a law of :data:`mcgraph.cpu_philox.ROW_LAWS`: the elementwise laws, or
+    ``"radial"``, whose statistics are reduced from the rows), else ``None``. Builds nothing."""
+    from .cpu_philox import ROW_LAWS
     from .families import SamplingForm
 
     if not isinstance(form, SamplingForm) or form.device.type != "cpu" or not form.dtype.is_floating_point:
         return None
     noise = triton_noise(form)
-    if noise is None or noise[1] != 0 or noise[0] not in LAWS:
+    if noise is None or noise[0] not in ROW_LAWS or (noise[1] != 0 and noise[0] != "radial"):
         return None
     return noise[0]
 
@@ -248,7 +252,8 @@ def noise_stream(form, seed: int, num_samples: int):
     if kind == "cpu-philox":
         from .cpu_philox import PhiloxCPUStream
 
-        return PhiloxCPUStream(cpu_philox_law(form), form.noise_shape, num_samples, seed, form.dtype)
+        return PhiloxCPUStream(cpu_philox_law(form), form.noise_shape, num_samples, seed, form.dtype,
+                               event_ndims=triton_noise(form)[1])
     if kind != "triton":
         return None
     name, event_ndims = _triton_form(form)
@@ -267,6 +272,10 @@ def noise_statistics(form, keys, seed: int, num_samples: int) -> dict | None:
     if kind == "cpu-philox":
         from . import cpu_philox
 
+        if cpu_philox_law(form) not in cpu_philox.LAWS:  # Radial: powers summed over its rows
+            return cpu_philox.radial_statistics(tuple(form.noise_shape), num_samples, seed,
+                                                tuple(sorted(keys)), form.dtype,
+                                                event_ndims=triton_noise(form)[1])
         return cpu_philox.statistics(cpu_philox_law(form), tuple(form.noise_shape), num_samples, seed,
                                      tuple(sorted(keys)), form.dtype)
     if kind != "triton":

@@ -55,11 +55,17 @@ import threading
 
 import torch
 
-#: Noise laws the compiled stream draws (``mcgraph.backend.triton_noise`` names) → the C++ law code.
+#: Elementwise noise laws the compiled stream draws and reduces (``mcgraph.backend.triton_noise``
+#: names) → the C++ law code.
 LAWS = {"normal": 0, "laplace": 1, "logistic": 2, "cauchy": 3, "gumbel": 4, "uniform": 5, "exponential": 6,
         "half_normal": 7, "half_cauchy": 8, "rayleigh": 9}
 
 #: Laws with ξ > 0 almost surely (statistics with log ξ allowed).
+#: Laws of the rows (:func:`rows`, :class:`PhiloxCPUStream`) beyond :data:`LAWS`: ``"radial"``,
+#: ξ = ε/‖ε‖·r over an event, drawn as in the Triton backend (ε the normal rows, r at counter tag 1).
+#: :func:`statistics` does not take it: its statistics are reduced from the rows.
+ROW_LAWS = frozenset(LAWS) | {"radial"}
+
 POSITIVE = frozenset({"uniform", "exponential", "half_normal", "half_cauchy", "rayleigh"})
 
 #: Elements one work item of the C++ loops draws together (``LANES`` in the source).
@@ -131,6 +137,12 @@ def _load(path: pathlib.Path):
     lib.mcgraph_philox_rows.restype = ci
     lib.mcgraph_philox_stats.argtypes = [ci, i64, i64, u64, ci, vp, vp, ci, i64, i64, vp, ci]
     lib.mcgraph_philox_stats.restype = ci
+    lib.mcgraph_philox_radius.argtypes = [i64, i64, i64, u64, ci, vp, ci]
+    lib.mcgraph_philox_radius.restype = ci
+    lib.mcgraph_scaled_power_sums.argtypes = [vp, i64, i64, i64, vp, ci, vp, ci, vp, ci]
+    lib.mcgraph_scaled_power_sums.restype = ci
+    lib.mcgraph_event_norms.argtypes = [vp, i64, i64, ci, vp, ci]
+    lib.mcgraph_event_norms.restype = ci
     lib.mcgraph_philox_words.argtypes = [u64, u64, vp]
     lib.mcgraph_philox_words.restype = None
     lib.mcgraph_philox_isa.restype = ctypes.c_char_p
@@ -221,32 +233,141 @@ def _module():
 
 
 def rows(noise: str, shape, start: int, stop: int, seed: int,
-         dtype: torch.dtype = torch.float32, *, _lib=None) -> torch.Tensor:
+         dtype: torch.dtype = torch.float32, *, event_ndims: int = 0, out: torch.Tensor | None = None,
+         _lib=None) -> torch.Tensor:
     """Rows ``start … stop-1`` of the stream, shape ``(stop-start, *shape)``, drawn in parallel.
 
+    ``"radial"`` rows are ξ = ε·r/‖ε‖ with ε the ``"normal"`` rows, the norm over the last
+    ``event_ndims`` dims (``|ε|`` when 0) and r a standard normal per (sample ``i``, batch element
+    ``b``) at counter ``(lo32(i·B + b), hi32(i·B + b), 1, 0)`` — the Triton backend's Radial layout.
+    ε is scaled in place: the only other memory is the (stop-start) × B radii and norms.
+
     Args:
-        noise: a law of :data:`LAWS`.
+        noise: a law of :data:`LAWS`, or ``"radial"``.
         shape: shape of one draw (P = prod(shape) elements).
         start, stop: sample indices, ``0 ≤ start ≤ stop``.
         seed: stream seed in [0, 2⁶³).
         dtype: float32 or float64 (half types are drawn in float32 and cast).
+        event_ndims: ``"radial"`` only: trailing dims of ``shape`` normalised together.
+        out: a contiguous float32 / float64 tensor of at least ``(stop-start)·P`` elements in the
+            compute dtype of ``dtype``, drawn into (and returned as a view of) instead of a new one.
 
     Raises:
         RuntimeError: the extension could not be built (:func:`unavailable_reason`).
     """
-    code = _law_code(noise)
+    radial = noise == "radial"
+    code = LAWS["normal"] if radial else _law_code(noise)
     cdt = _compute_dtype(dtype)
     seed = _check_seed(seed)
     if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start <= stop):
         raise ValueError(f"start, stop must be ints with 0 <= start <= stop, got {start!r}, {stop!r}")
     shape = tuple(int(s) for s in shape)
+    if (isinstance(event_ndims, bool) or not isinstance(event_ndims, int)
+            or not 0 <= event_ndims <= len(shape)):
+        raise ValueError(f"event_ndims must be an int in [0, {len(shape)}] for shape {shape}, "
+                         f"got {event_ndims!r}")
+    if event_ndims and not radial:
+        raise ValueError(f"event_ndims: only the 'radial' law couples elements, "
+                         f"got {event_ndims} for {noise!r}")
     lib = _module() if _lib is None else _lib  # _lib: another build of the source (tests)
-    out = torch.empty((stop - start,) + shape, dtype=cdt)
+    size = (stop - start) * math.prod(shape)
+    if out is None:
+        out = torch.empty((stop - start,) + shape, dtype=cdt)
+    elif (not isinstance(out, torch.Tensor) or out.dtype != cdt or out.device.type != "cpu"
+          or not out.is_contiguous() or out.numel() < size):
+        raise ValueError(f"out must be a contiguous CPU {cdt} tensor of at least {size} elements")
+    else:
+        out = out.view(-1)[:size].view((stop - start,) + shape)
     fp64 = cdt == torch.float64
     if out.numel() and lib.mcgraph_philox_rows(code, math.prod(shape), start, stop, seed, fp64, out.data_ptr(),
                                                 torch.get_num_threads()) != 0:
         raise RuntimeError("cpu_philox.rows: the library rejected its arguments")
+    if radial and out.numel():
+        _scale_radial(lib, out, event_ndims, start, stop, seed)
     return out.to(dtype)
+
+
+def _scale_radial(lib, eps: torch.Tensor, event_ndims: int, start: int, stop: int, seed: int) -> None:
+    """ε ← ε·r/max(‖ε‖, 1e-30) in place (the Triton Radial factor), r the tag-1 radii."""
+    events, factor = _radial_factors(lib, eps, event_ndims, start, stop, seed)
+    events.mul_(factor.unsqueeze(-1))
+
+
+def _radial_factors(lib, eps: torch.Tensor, event_ndims: int, start: int, stop: int, seed: int):
+    """``(ε viewed (n, B, D), r/max(‖ε‖, 1e-30) of shape (n, B))`` for normal rows ``eps``."""
+    n = stop - start
+    event = math.prod(eps.shape[eps.dim() - event_ndims:]) if event_ndims else 1
+    batch = eps[0].numel() // event
+    radius = torch.empty((n, batch), dtype=eps.dtype)
+    if lib.mcgraph_philox_radius(batch, start, stop, seed, eps.dtype == torch.float64, radius.data_ptr(),
+                                 torch.get_num_threads()) != 0:
+        raise RuntimeError("cpu_philox.rows: the library rejected the radius arguments")
+    events = eps.view(n, batch, event)
+    norm = torch.empty((n, batch), dtype=torch.float64)  # in a fixed order: whatever the chunks and threads
+    if lib.mcgraph_event_norms(eps.data_ptr(), n * batch, event, eps.dtype == torch.float64, norm.data_ptr(),
+                               torch.get_num_threads()) != 0:
+        raise RuntimeError("cpu_philox.rows: the library rejected the norm arguments")
+    return events, radius.div_(norm.to(eps.dtype).clamp_min_(1e-30))
+
+
+def radial_statistics(shape, num_samples: int, seed: int, keys, dtype: torch.dtype = torch.float32, *,
+                      event_ndims: int = 0, chunk_size: int | None = None) -> dict | None:
+    """``{(a, 0): mean_i ξ_i^a}`` of the ``"radial"`` rows for positive powers ``a``, else ``None``.
+
+    Chunk by chunk: ε drawn into one reused buffer, the factors r/‖ε‖ as in :func:`rows`, then
+    Σ_i (ε_i·f_i)^a summed in float64 by one parallel C++ pass over the buffer — the ξ of
+    :func:`rows` (the same float product), never written back. Keys with logs or ``a < 1``
+    give ``None`` (the caller reduces the rows instead).
+
+    Args:
+        shape: shape of one draw of ξ.
+        num_samples: M ≥ 1.
+        seed: stream seed in [0, 2⁶³).
+        keys: ``(a, j)`` pairs; ``(0, 0)`` is 1.
+        dtype: of the statistics and of the draws (float64 draws in float64, others in float32).
+        event_ndims: trailing dims of ``shape`` normalised together.
+        chunk_size: samples per chunk (default: about 2²⁶ elements).
+    """
+    keys = tuple(dict.fromkeys(tuple(k) for k in keys))
+    drawn = [k for k in keys if k != (0, 0)]
+    if any(not isinstance(a, int) or isinstance(a, bool) or a < 1 or j != 0 for a, j in drawn):
+        return None
+    cdt = _compute_dtype(dtype)
+    seed = _check_seed(seed)
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
+    shape = tuple(int(s) for s in shape)
+    numel = math.prod(shape)
+    out = {k: torch.ones(shape, dtype=dtype) for k in keys if k == (0, 0)}
+    if not drawn or numel == 0:
+        return {**out, **{k: torch.zeros(shape, dtype=dtype) for k in drawn}}
+    if not isinstance(event_ndims, int) or not 0 <= event_ndims <= len(shape):
+        raise ValueError(f"event_ndims must be an int in [0, {len(shape)}] for shape {shape}, "
+                         f"got {event_ndims!r}")
+    event = math.prod(shape[len(shape) - event_ndims:]) if event_ndims else 1
+    from .noise import _POOL  # the block pool of mcgraph.noise.reuse_noise_blocks
+
+    lib = _module()
+    chunk = chunk_size or max(1, min(num_samples, 2**26 // numel))
+    pool = _POOL.get()
+    buffer = pool.take(chunk * numel, cdt, torch.device("cpu")) if pool is not None else None
+    if buffer is None:
+        buffer = torch.empty(chunk * numel, dtype=cdt)
+    powers = torch.tensor([a for a, _ in drawn], dtype=torch.int64)
+    acc = torch.zeros((len(drawn), numel), dtype=torch.float64)
+    fp64 = cdt == torch.float64
+    for start in range(0, num_samples, chunk):
+        stop = min(start + chunk, num_samples)
+        eps = rows("normal", shape, start, stop, seed, cdt, out=buffer)
+        _, factor = _radial_factors(lib, eps, event_ndims, start, stop, seed)
+        if lib.mcgraph_scaled_power_sums(eps.data_ptr(), stop - start, numel, event, factor.data_ptr(),
+                                         len(drawn), powers.data_ptr(), fp64, acc.data_ptr(),
+                                         torch.get_num_threads()) != 0:
+            raise RuntimeError("cpu_philox.radial_statistics: the library rejected its arguments")
+    if pool is not None:  # the next layer's draw reuses it (no fresh mapping, no page faults)
+        pool.give(buffer._base if buffer._base is not None else buffer)
+    means = acc.div_(num_samples)
+    return {**out, **{k: means[n].reshape(shape).to(dtype) for n, k in enumerate(drawn)}}
 
 
 def segments_for(num_samples: int, numel: int) -> int:
@@ -318,26 +439,43 @@ class PhiloxCPUStream:
     they consume the same ξ as :func:`statistics` (the same-seed contract on this stream).
 
     Args:
-        noise: a law of :data:`LAWS`.
+        noise: a law of :data:`LAWS`, or ``"radial"``.
         shape: shape of one draw of ξ.
         num_samples: M.
         seed: stream seed.
         dtype: of the rows.
+        event_ndims: ``"radial"`` only: trailing dims normalised together.
     """
 
     device = torch.device("cpu")
-    owns_rows = False  # set by consumers of BlockStream; rows are always fresh tensors here
+    #: Set by a consumer that drops each chunk's rows before asking for the next (the collapsed
+    #: statistics): the rows are then drawn into one buffer reused from chunk to chunk.
+    owns_rows = False
 
-    def __init__(self, noise: str, shape, num_samples: int, seed: int, dtype: torch.dtype):
+    def __init__(self, noise: str, shape, num_samples: int, seed: int, dtype: torch.dtype, *,
+                 event_ndims: int = 0):
         self.noise = noise
+        self.event_ndims = event_ndims
         self.shape = tuple(shape)
         self.num_samples = num_samples
         self.seed = seed
         self.dtype = dtype
+        self._buffer = None
 
     def rows(self, start: int, stop: int) -> torch.Tensor:
         """Rows ``start … stop-1``, shape ``(stop-start, *shape)``."""
-        return rows(self.noise, self.shape, start, stop, self.seed, self.dtype)
+        out = None
+        if self.owns_rows and _compute_dtype(self.dtype) == self.dtype:
+            size = (stop - start) * math.prod(self.shape)
+            if self._buffer is None or self._buffer.numel() < size:
+                self._buffer = torch.empty(size, dtype=self.dtype)
+            out = self._buffer
+        return rows(self.noise, self.shape, start, stop, self.seed, self.dtype, event_ndims=self.event_ndims,
+                    out=out)
+
+    def release(self) -> None:
+        """The consumer is done with the rows: drop the reused buffer."""
+        self._buffer = None
 
     def chunks(self, chunk_size: int):
         """Yield ``(start, stop, rows)`` over the whole stream in chunks of ``chunk_size``."""

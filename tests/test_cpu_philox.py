@@ -399,3 +399,123 @@ def test_instruction_set_paths_draw_identical_noise(tmp_path):
         assert torch.equal(words[: 4 * cpu_philox.LANES], words[4 * cpu_philox.LANES:]), name
         for (law, dt), expected in ref.items():
             assert torch.equal(cpu_philox.rows(law, (45,), 5, 45, 3, dt, _lib=lib), expected), (name, law, dt)
+
+
+# --------------------------------------------------------------------------- Radial rows
+
+
+def test_radial_rows_unit_directions_and_normal_radius():
+    # ξ = ε/‖ε‖·r: each event of ξ has norm |r|, ξ/|r| has unit norm, and r = ±‖ξ‖ is N(0, 1)
+    # (sign(r) is not seen by ‖ξ‖: |r| is tested against the half-normal, KS, false-alarm rate 1e-3).
+    xi = cpu_philox.rows("radial", (50, 4, 6), 0, 120, seed=9, dtype=F64, event_ndims=2)
+    eps = cpu_philox.rows("normal", (50, 4, 6), 0, 120, seed=9, dtype=F64)
+    radius = xi.flatten(2).norm(dim=-1)  # (120, 50) = |r|
+    direction = xi.flatten(2) / radius.unsqueeze(-1)
+    torch.testing.assert_close(direction.norm(dim=-1), torch.ones(120, 50, dtype=F64), rtol=1e-12, atol=0)
+    # the direction is ε's: ξ is ε scaled by one factor per (sample, batch element)
+    unit_eps = eps.flatten(2) / eps.flatten(2).norm(dim=-1, keepdim=True)
+    torch.testing.assert_close(direction.abs(), unit_eps.abs(), rtol=1e-12, atol=1e-12)
+    signed = (xi.flatten(2) / unit_eps)[..., 0]  # r with its sign
+    assert stats.kstest(signed.flatten().numpy(), "norm").pvalue > 1e-3
+    assert stats.kstest(radius.flatten().numpy(), "halfnorm").pvalue > 1e-3
+    # event_ndims = 0: each element is its own event, ξ = sign(ε)·r
+    xi0 = cpu_philox.rows("radial", (200,), 0, 50, seed=3, dtype=F64)
+    assert stats.kstest(xi0.flatten().numpy(), "norm").pvalue > 1e-3
+
+
+@pytest.mark.parametrize("dtype, rtol", [(F64, 1e-12), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("shape, event_ndims", [((4, 6, 5), 2), ((4, 6, 5), 1), ((7,), 0), ((3, 5), 2)])
+def test_radial_rows_equal_triton_stream(shape, event_ndims, dtype, rtol):
+    if not _triton_interpreted():  # pragma: no cover
+        pytest.skip("Triton's interpreter is not available in this process")
+    from mcgraph.kernels.noise_laws import materialize_noise
+
+    ours = cpu_philox.rows("radial", shape, 2, 10, seed=77, dtype=dtype, event_ndims=event_ndims)
+    theirs = materialize_noise("radial", shape, 2, 10, 77, dtype, "cpu", event_ndims=event_ndims)
+    torch.testing.assert_close(ours, theirs, rtol=rtol, atol=rtol)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_radial_rows_chunk_and_thread_independent_and_checked(threads):
+    shape = (3, 40000)  # events long enough for torch to split a reduction over them across threads
+    whole = cpu_philox.rows("radial", shape, 0, 30, seed=5, event_ndims=1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        parts = [cpu_philox.rows("radial", shape, s, min(s + 7, 30), seed=5, event_ndims=1)
+                 for s in range(0, 30, 7)]
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(torch.cat(parts), whole)
+    with pytest.raises(ValueError, match="event_ndims"):
+        cpu_philox.rows("radial", (3, 8), 0, 2, seed=5, event_ndims=3)
+    with pytest.raises(ValueError, match="event_ndims"):
+        cpu_philox.rows("normal", (3, 8), 0, 2, seed=5, event_ndims=1)
+    with pytest.raises(ValueError, match="noise"):
+        cpu_philox.statistics("radial", (3, 8), 10, 5, [(1, 0)])
+
+
+def _radial_value_and_grads(fn, M, method, chunk=None):
+    mu = torch.linspace(-1.0, 1.0, 40, dtype=F64).reshape(8, 5).requires_grad_()
+    rho = torch.linspace(-1.0, 0.5, 40, dtype=F64).reshape(8, 5).requires_grad_()
+    q = mgd.Radial(mu, torch.nn.functional.softplus(rho))
+    value = mg.expectation(fn, q, M, seed=13, method=method, chunk_size=chunk).sum()
+    return value.detach(), torch.autograd.grad(value, [mu, rho])
+
+
+def test_radial_same_seed_same_value_on_cpu_philox(philox_backend):
+    M = 200
+    q = mgd.Radial(torch.zeros(8, 5, dtype=F64), torch.ones(8, 5, dtype=F64))
+    assert backend.stream_kind(mg.family_of(q), M) == "cpu-philox"
+    fused = backend.noise_statistics(mg.family_of(q), ((1, 0), (2, 0), (3, 0)), 13, M)
+    own = cpu_philox.PhiloxCPUStream("radial", (8, 5), M, 13, F64, event_ndims=2)
+    generic = noise_statistics(own, ((1, 0), (2, 0), (3, 0)), 7, F64)  # the rows, reduced in torch
+    for key in generic:
+        torch.testing.assert_close(fused[key], generic[key], rtol=1e-12, atol=1e-14)
+    assert cpu_philox.radial_statistics((8, 5), M, 13, [(1, 1)], F64, event_ndims=2) is None  # log ξ: rows
+    stream = backend.noise_stream(mg.family_of(q), 13, M)
+    assert isinstance(stream, cpu_philox.PhiloxCPUStream) and stream.event_ndims == 2
+    fn = lambda w: (w - 1) ** 3 + 0.5 * w ** 2  # noqa: E731
+    ref_v, ref_g = _radial_value_and_grads(fn, M, "direct")
+    xi = cpu_philox.rows("radial", (8, 5), 0, M, 13, F64, event_ndims=2)
+    mu = torch.linspace(-1.0, 1.0, 40, dtype=F64).reshape(8, 5)
+    sigma = torch.nn.functional.softplus(torch.linspace(-1.0, 0.5, 40, dtype=F64).reshape(8, 5))
+    torch.testing.assert_close(ref_v, fn(mu + sigma * xi).mean(0).sum(), rtol=1e-12, atol=1e-12)
+    for method in ("collapsed", "chunked"):
+        for chunk in (None, 7):
+            v, g = _radial_value_and_grads(fn, M, method, chunk)
+            what = f"radial {method} chunk={chunk}"
+            torch.testing.assert_close(v, ref_v, rtol=1e-9, atol=1e-9, msg=lambda m: f"{what}: {m}")
+            for a, b in zip(g, ref_g):
+                torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=lambda m: f"{what}: {m}")
+
+
+@pytest.mark.parametrize("dtype, rtol", [(F64, 1e-12), (torch.float32, 2e-5)])
+def test_radial_statistics_equal_statistics_of_own_rows(dtype, rtol):
+    # events straddling the 32-element tiles (D = 12), a partial tile (P = 60), several chunks
+    keys = ((1, 0), (2, 0), (4, 0))
+    fused = cpu_philox.radial_statistics((5, 12), 90, 21, keys, dtype, event_ndims=1, chunk_size=16)
+    with mg.noise.reuse_noise_blocks():  # the second call draws into the first one's buffer
+        pooled = [cpu_philox.radial_statistics((5, 12), 90, 21, keys, dtype, event_ndims=1, chunk_size=16)
+                  for _ in range(2)]
+    for key in keys:
+        assert torch.equal(pooled[0][key], fused[key]) and torch.equal(pooled[1][key], fused[key])
+    xi = cpu_philox.rows("radial", (5, 12), 0, 90, 21, dtype, event_ndims=1).double()
+    for a, _ in keys:
+        torch.testing.assert_close(fused[(a, 0)], (xi ** a).mean(0).to(dtype), rtol=rtol, atol=rtol)
+
+
+def test_radial_kl_same_seed_across_methods_and_auto_selection(philox_backend, monkeypatch):
+    mu = torch.randn(300, dtype=F64, requires_grad=True)
+    q, p = mgd.Radial(mu, torch.full((300,), 0.3, dtype=F64)), D.Normal(torch.zeros((), dtype=F64), 1.0)
+    ref = mg.kl_divergence(q, p, 100, seed=5, method="direct").sum()
+    for method in ("auto", "fused", "chunked"):
+        torch.testing.assert_close(mg.kl_divergence(q, p, 100, seed=5, method=method).sum(), ref,
+                                   rtol=1e-9, atol=1e-9)
+    monkeypatch.delenv(backend.ENV_VAR, raising=False)
+    form = mg.family_of(q)
+    at = -(-backend.CPU_PHILOX_AUTO_MIN_DRAWS // 300)
+    assert backend.stream_kind(form, at - 1) == "torch"
+    assert backend.stream_kind(form, at) == "cpu-philox"
+    monkeypatch.setenv(backend.ENV_VAR, "torch")
+    assert backend.stream_kind(form, at) == "torch"

@@ -4,8 +4,11 @@
 // For sample i and element j of a draw of P elements:
 //
 //     offset  = i*P + j
-//     counter = (lo32(offset), hi32(offset), 0, 0)      key = (lo32(seed), hi32(seed))
+//     counter = (lo32(offset), hi32(offset), tag, 0)    key = (lo32(seed), hi32(seed))
 //     words   = Philox4x32-10(counter, key)
+//
+// tag = 0 is the element noise; tag = 1 the Radial radius of (sample i, batch element b), drawn as a
+// normal at offset i*B + b (B = batch elements per draw).
 //
 // float32: u1 = ((w0 >> 9) + 1/2) 2^-23, u2 = ((w1 >> 9) + 1/2) 2^-23 (open uniforms, never 0 or 1);
 // float64: u1 = ((w0 << 20 | w1 >> 12) + 1/2) 2^-52, u2 likewise from (w2, w3).
@@ -14,6 +17,7 @@
 // Two entry points, both one OpenMP parallel loop (torch.get_num_threads() threads, passed in):
 //   mcgraph_philox_rows   -> the (stop-start) x P noise rows
 //   mcgraph_philox_stats  -> per segment of samples, the K x P sums of xi^a (log xi)^j
+// and mcgraph_philox_radius (the (stop-start) x B Radial radii, tag 1).
 // The statistics never materialise the M x P noise: each work item owns LANES elements and a
 // segment of samples, keeps its sums in L1 and writes K x LANES numbers. The work items and the
 // caller's sum over segments depend on (P, M, segments) only: the same result for any thread count.
@@ -50,13 +54,13 @@ enum Law : int {
 constexpr uint32_t ROUND_A = 0xD2511F53u, ROUND_B = 0xCD9E8D57u, KEY_A = 0x9E3779B9u, KEY_B = 0xBB67AE85u;
 
 inline void philox_portable(uint64_t seed, uint64_t offset0, uint32_t* w0, uint32_t* w1, uint32_t* w2,
-                            uint32_t* w3) {
+                            uint32_t* w3, uint32_t tag = 0u) {
   uint32_t c0[LANES], c1[LANES], c2[LANES], c3[LANES];
   for (int l = 0; l < LANES; ++l) {
     const uint64_t off = offset0 + static_cast<uint64_t>(l);
     c0[l] = static_cast<uint32_t>(off);
     c1[l] = static_cast<uint32_t>(off >> 32);
-    c2[l] = 0u;
+    c2[l] = tag;
     c3[l] = 0u;
   }
   uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
@@ -137,12 +141,13 @@ inline void v_store(uint32_t* p, vec x) { _mm256_storeu_si256(reinterpret_cast<v
 #endif
 
 #if defined(__AVX512F__) || defined(__AVX2__)
-inline void philox(uint64_t seed, uint64_t offset0, uint32_t* w0, uint32_t* w1, uint32_t* w2, uint32_t* w3) {
+inline void philox(uint64_t seed, uint64_t offset0, uint32_t* w0, uint32_t* w1, uint32_t* w2, uint32_t* w3,
+                   uint32_t tag = 0u) {
   constexpr int NV = LANES / VW;
   vec c0[NV], c1[NV], c2[NV], c3[NV];
   for (int v = 0; v < NV; ++v) {
     c0[v] = v_load_offsets(offset0, v, &c1[v]);
-    c2[v] = v_zero();
+    c2[v] = v_set1(tag);
     c3[v] = v_zero();
   }
   const vec ma = v_set1(ROUND_A), mb = v_set1(ROUND_B);
@@ -169,8 +174,9 @@ inline void philox(uint64_t seed, uint64_t offset0, uint32_t* w0, uint32_t* w1, 
   }
 }
 #else
-inline void philox(uint64_t seed, uint64_t offset0, uint32_t* w0, uint32_t* w1, uint32_t* w2, uint32_t* w3) {
-  philox_portable(seed, offset0, w0, w1, w2, w3);
+inline void philox(uint64_t seed, uint64_t offset0, uint32_t* w0, uint32_t* w1, uint32_t* w2, uint32_t* w3,
+                   uint32_t tag = 0u) {
+  philox_portable(seed, offset0, w0, w1, w2, w3, tag);
 }
 #endif
 
@@ -305,7 +311,7 @@ inline Real transform(int law, Real u1, Real u2) {
 
 // xi for LANES consecutive offsets (the law switch is hoisted so each case is one vector loop).
 template <typename Real>
-void draw(int law, uint64_t seed, uint64_t offset0, Real* xi);
+void draw(int law, uint64_t seed, uint64_t offset0, Real* xi, uint32_t tag = 0u);
 
 template <int LAW, typename Real>
 inline void draw_law(const Real* u1, const Real* u2, Real* xi) {
@@ -330,9 +336,9 @@ inline void dispatch(int law, const Real* u1, const Real* u2, Real* xi) {
 }
 
 template <>
-void draw<float>(int law, uint64_t seed, uint64_t offset0, float* xi) {
+void draw<float>(int law, uint64_t seed, uint64_t offset0, float* xi, uint32_t tag) {
   uint32_t w0[LANES], w1[LANES], w2[LANES], w3[LANES];
-  philox(seed, offset0, w0, w1, w2, w3);
+  philox(seed, offset0, w0, w1, w2, w3, tag);
   float u1[LANES], u2[LANES];
 #pragma omp simd
   for (int l = 0; l < LANES; ++l) {
@@ -343,9 +349,9 @@ void draw<float>(int law, uint64_t seed, uint64_t offset0, float* xi) {
 }
 
 template <>
-void draw<double>(int law, uint64_t seed, uint64_t offset0, double* xi) {
+void draw<double>(int law, uint64_t seed, uint64_t offset0, double* xi, uint32_t tag) {
   uint32_t w0[LANES], w1[LANES], w2[LANES], w3[LANES];
-  philox(seed, offset0, w0, w1, w2, w3);
+  philox(seed, offset0, w0, w1, w2, w3, tag);
   double u1[LANES], u2[LANES];
   for (int l = 0; l < LANES; ++l) {
     const uint64_t a = (static_cast<uint64_t>(w0[l]) << 20) | static_cast<uint64_t>(w1[l] >> 12);
@@ -359,13 +365,14 @@ void draw<double>(int law, uint64_t seed, uint64_t offset0, double* xi) {
 // ---------------------------------------------------------------- rows
 
 template <typename Real>
-void rows_impl(int law, int64_t P, int64_t start, int64_t n, uint64_t seed, Real* out, int threads) {
+void rows_impl(int law, int64_t P, int64_t start, int64_t n, uint64_t seed, Real* out, int threads,
+               uint32_t tag = 0u) {
   const int64_t tiles = (P + LANES - 1) / LANES;
 #pragma omp parallel for schedule(dynamic, 256) num_threads(threads)
   for (int64_t item = 0; item < n * tiles; ++item) {
     alignas(64) Real xi[LANES];
     const int64_t r = item / tiles, j0 = (item % tiles) * LANES;
-    draw<Real>(law, seed, static_cast<uint64_t>((start + r) * P + j0), xi);
+    draw<Real>(law, seed, static_cast<uint64_t>((start + r) * P + j0), xi, tag);
     const int64_t width = std::min<int64_t>(LANES, P - j0);
     std::memcpy(out + r * P + j0, xi, sizeof(Real) * width);
   }
@@ -479,6 +486,112 @@ int mcgraph_philox_stats(int law, int64_t P, int64_t M, uint64_t seed, int K, co
                     sizeof(double) * LANES);
       }
     }
+  }
+  return 0;
+}
+
+// out: (stop-start) x B Radial radii (standard normals at counter (i*B + b, tag 1)), float32 or float64.
+int mcgraph_philox_radius(int64_t B, int64_t start, int64_t stop, uint64_t seed, int fp64, void* out,
+                          int threads) {
+  if (B < 0 || start < 0 || stop < start || threads < 1) return -1;
+  if (fp64) {
+    rows_impl<double>(NORMAL, B, start, stop - start, seed, static_cast<double*>(out), threads, 1u);
+  } else {
+    rows_impl<float>(NORMAL, B, start, stop - start, seed, static_cast<float*>(out), threads, 1u);
+  }
+  return 0;
+}
+
+// acc[k*P + j] += sum over rows r < n of (x[r*P + j] * factor[r*B + j/D])^a[k] (a[k] >= 1; B = P/D), in
+// float64: the collapsed statistics of Radial rows drawn as eps (x) and factors r/|eps| by the caller,
+// xi = x*factor rounded as the rows round it. Each thread owns whole column tiles and sums the rows in
+// order: the same result for any thread count. Returns 0, or -1 for a bad argument.
+}  // extern "C"
+
+namespace {
+template <typename Real>
+void scaled_power_sums_impl(const Real* x, int64_t n, int64_t P, int64_t D, const Real* factor, int K,
+                            const int64_t* a, double* acc, int threads) {
+  // Work items: blocks of BLOCK_TILES column tiles, each read row by row (streaming access).
+  constexpr int64_t BLOCK_TILES = 64;
+  const int64_t B = P / D, tiles = (P + LANES - 1) / LANES, blocks = (tiles + BLOCK_TILES - 1) / BLOCK_TILES;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t t1 = std::min(tiles, (blk + 1) * BLOCK_TILES);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t t = blk * BLOCK_TILES; t < t1; ++t) {
+        const int64_t j0 = t * LANES, width = std::min<int64_t>(LANES, P - j0);
+        const Real* row = x + r * P;
+        const Real* f = factor + r * B;
+        alignas(64) Real xi[LANES];
+        alignas(64) Real term[LANES];
+        if (j0 / D == (j0 + width - 1) / D) {  // the tile lies in one event: one factor
+          const Real fs = f[j0 / D];
+          if (width == LANES) {
+#pragma omp simd
+            for (int l = 0; l < LANES; ++l) xi[l] = row[j0 + l] * fs;
+          } else {
+            for (int64_t l = 0; l < width; ++l) xi[l] = row[j0 + l] * fs;
+          }
+        } else {
+          for (int64_t l = 0; l < width; ++l) xi[l] = row[j0 + l] * f[(j0 + l) / D];
+        }
+        for (int64_t l = width; l < LANES; ++l) xi[l] = Real(0);
+        for (int k = 0; k < K; ++k) {
+          double* out = acc + k * P + j0;
+#pragma omp simd
+          for (int l = 0; l < LANES; ++l) term[l] = xi[l];
+          for (int64_t e = 1; e < a[k]; ++e) {
+#pragma omp simd
+            for (int l = 0; l < LANES; ++l) term[l] = term[l] * xi[l];
+          }
+          if (width == LANES) {
+#pragma omp simd
+            for (int l = 0; l < LANES; ++l) out[l] += static_cast<double>(term[l]);
+          } else {
+            for (int64_t l = 0; l < width; ++l) out[l] += static_cast<double>(term[l]);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// out[e] = sqrt(sum_d x[e*D + d]^2) for the E = rows x batch events of D elements: one event per work
+// item, summed in order in float64 — the same norms for any chunking and any thread count.
+int mcgraph_event_norms(const void* x, int64_t E, int64_t D, int fp64, double* out, int threads) {
+  if (E < 0 || D < 1 || threads < 1) return -1;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t e = 0; e < E; ++e) {
+    double s = 0.0;
+    if (fp64) {
+      const double* p = static_cast<const double*>(x) + e * D;
+      for (int64_t d = 0; d < D; ++d) s += p[d] * p[d];
+    } else {
+      const float* p = static_cast<const float*>(x) + e * D;
+      for (int64_t d = 0; d < D; ++d) s += static_cast<double>(p[d]) * static_cast<double>(p[d]);
+    }
+    out[e] = std::sqrt(s);
+  }
+  return 0;
+}
+
+int mcgraph_scaled_power_sums(const void* x, int64_t n, int64_t P, int64_t D, const void* factor, int K,
+                              const int64_t* a, int fp64, double* acc, int threads) {
+  if (n < 0 || P < 1 || D < 1 || P % D != 0 || K < 1 || threads < 1) return -1;
+  for (int k = 0; k < K; ++k) {
+    if (a[k] < 1) return -1;
+  }
+  if (fp64) {
+    scaled_power_sums_impl<double>(static_cast<const double*>(x), n, P, D,
+                                   static_cast<const double*>(factor), K, a, acc, threads);
+  } else {
+    scaled_power_sums_impl<float>(static_cast<const float*>(x), n, P, D, static_cast<const float*>(factor), K,
+                                  a, acc, threads);
   }
   return 0;
 }
