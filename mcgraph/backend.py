@@ -234,8 +234,9 @@ def describe_stream(form) -> str:
         why = cpu_philox.unavailable_reason()
         return f"{torch_stream} (the compiled CPU Philox stream is unavailable: {why})"
     state = (f"built for {cpu_philox.isa()}" if cpu_philox.built() else "built at first use")
-    compiled = (f"compiled CPU Philox4x32-10, statistics in one loop over {torch.get_num_threads()} "
-                f"thread(s) ({state})")
+    how = ("rows drawn, normalised per event, then power sums in one pass" if law == "radial"
+           else "draw and statistics in one loop")
+    compiled = (f"compiled CPU Philox4x32-10, {how} over {torch.get_num_threads()} thread(s) ({state})")
     if mode == Backend.CPU_PHILOX:
         return f"{compiled} [MCGRAPH_BACKEND=cpu-philox]"
     return f"{compiled} when M·P ≥ {CPU_PHILOX_AUTO_MIN_DRAWS} draws, else {torch_stream}"
