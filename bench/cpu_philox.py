@@ -28,23 +28,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import time
 
 import torch
 
 import mcgraph as mg
 from mcgraph import cpu_philox
+from mcgraph.bench.records import git_commit
 from mcgraph.bench.workloads import randn_floor
 from mcgraph.noise import BlockStream, noise_statistics, rows_per_block
 
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return ""
 
 
 def _torch_stats(P: int, M: int, seed: int) -> None:
@@ -95,7 +88,7 @@ def run(P: int, M: int, threads: int, repeats: int, engine: bool = False) -> dic
             "torch_stats_over_philox": best["torch-stats"] / best["philox-stats"],
             **({"kl_torch_over_philox": best["kl-torch"] / best["kl-philox"]} if engine else {}),
             "load_before": load_before, "load_after": os.getloadavg()[0], "isa": cpu_philox.isa(),
-            "torch": torch.__version__, "commit": _commit()}
+            "torch": torch.__version__, "commit": git_commit()}
 
 
 def main(argv=None) -> None:

@@ -25,20 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import time
 
 import torch
 
 import mcgraph as mg
+from mcgraph.bench.records import git_commit
 
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return ""
 
 
 def cases(P: int):
@@ -83,7 +76,7 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    commit = _commit()
+    commit = git_commit()
     table = []
     for name, (call, make) in cases(args.params).items():
         if args.cases and name not in args.cases:
