@@ -15,7 +15,7 @@ from .estimators import chunked_value, collapsed_value, direct_value, fused_valu
 from .estimators.analytic import analytic_statistics
 from .estimators.sampling import default_chunk, samples, stream_for
 from .families import GenericForm, distribution_parameters, family_of
-from .integrands import floating
+from .integrands import floating, guarded
 from .distributed import sharded
 from .noise import resolve_seed
 from .plan_cache import cached_trace
@@ -268,7 +268,7 @@ def expectation(fn: Callable, dist: Distribution, num_samples: int, *, seed: int
         seed = resolve_seed(seed)
         chunk = _check_chunk(chunk_size)
         plan = _plan(fn, form, seed, method, taylor_order)
-        return evaluate(plan, fn, seed, num_samples, chunk, return_stderr, shard)
+        return evaluate(plan, guarded(fn), seed, num_samples, chunk, return_stderr, shard)
 
 
 @contextlib.contextmanager

@@ -758,11 +758,27 @@ def trace(fn: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor) -> 
                        discrete=discrete)
 
 
+class IntegrandError(ValueError):
+    """``fn`` raised on a sample; the message names ``fn``, the sample's shape and the original error."""
+
+
 def _call(fn, w: torch.Tensor):
     try:
         return fn(w)
-    except (RuntimeError, IndexError) as e:
-        raise ValueError(f"fn failed on a sample of shape {tuple(w.shape)}: {e}") from e
+    except IntegrandError:
+        raise
+    except (RuntimeError, IndexError, ValueError) as e:
+        raise IntegrandError(f"fn failed on a sample of shape {tuple(w.shape)}: {e}") from e
+
+
+def guarded(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``fn`` whose failures on a sample (a torch error, a distribution's support check on a sampled
+    value) raise :class:`IntegrandError`: the estimators call it on samples the trace never saw."""
+
+    def call(w):
+        return _call(fn, w)
+
+    return call
 
 
 def _mean_dtype(dtype: torch.dtype, example: torch.Tensor) -> torch.dtype:

@@ -99,13 +99,14 @@ def check_faults_and_ddp(results):
     own batch, KL samples split over the same ranks) the KL is counted once."""
     for r, res in enumerate(results):
         f = res["fault"]
-        # the failing rank re-raises its own error; the other names it
-        assert f["integrand"].startswith("ValueError: integrand failed") if r == 1 else (
+        # the failing rank raises its own error (naming fn); the other names the rank
+        assert f["integrand"].startswith("IntegrandError: fn failed") and "integrand failed on purpose" in \
+            f["integrand"] if r == 1 else (
             f["integrand"].startswith("SampleParallelError") and "rank 1" in f["integrand"]
             and "integrand failed on purpose" in f["integrand"]), f["integrand"]
         for key in ("integrand-forward", "integrand-backward"):
             text = f[key]
-            assert ("ValueError: integrand failed" in text) if r == 1 else (
+            assert ("integrand failed" in text and "Error: " in text) if r == 1 else (
                 text.startswith("SampleParallelError") and "rank 1" in text), (key, text)
         assert f["seed"].startswith("SampleParallelError") and "seed differs" in f["seed"], f["seed"]
         text = f["num_samples"]

@@ -382,3 +382,21 @@ def test_the_key_holds_the_dtype_of_parameters_exposed_as_properties(make):
     with plan_cache.disabled():
         fresh = mg.expectation(fn, make(torch.float64), 4, seed=0)
     assert torch.equal(outs[1], fresh)
+
+
+@pytest.mark.parametrize("method", ["direct", "chunked", "auto"])
+@pytest.mark.parametrize("cached", [True, False], ids=["cache", "no-cache"])
+def test_fn_failing_on_a_sample_is_an_error_naming_fn(method, cached):
+    """An integrand that fails on some samples (here a validated support check) raises a ValueError
+    naming ``fn``, whether the failure comes at the trace or, after a cache hit, only at evaluation
+    (found by the slow profile: torch's raw support error escaped)."""
+    q = Normal(torch.zeros(4, requires_grad=True), torch.ones(4))
+    prior = torch.distributions.Exponential(torch.tensor(1.0), validate_args=True)
+
+    def fn(w):
+        return prior.log_prob(w)
+
+    plan_cache.set_enabled(cached)
+    for seed in range(3):  # later calls hit the cache when it is on: the sample is then only evaluated
+        with pytest.raises(ValueError, match=r"fn failed on a sample .*support"):
+            mg.expectation(fn, q, 8, seed=seed, method=method)

@@ -166,7 +166,8 @@ class Case:
         """``fn`` on one sample: its dtype and shape (and the sample's dtype)."""
         q, _ = self.family.build()
         fn, _ = compile_integrand(self.integrand, self.family.dtype)
-        with torch.no_grad():
+        with torch.no_grad(), torch.random.fork_rng():  # seeded: a replayed example sees the same sample
+            torch.manual_seed(self.seed)
             w = q.sample()
             return fn(w), w.dtype
 
