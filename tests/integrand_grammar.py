@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+import torch.autograd.forward_ad as fwAD
 from hypothesis import strategies as st
 from torch import distributions as D
 
@@ -27,17 +28,29 @@ from mcgraph import distributions as mgd
 
 @dataclass
 class Build:
-    """What a node needs to build its callable: the dtype, and the leaves it creates."""
+    """What a node needs to build its callable: the dtype, and the leaves it creates.
+
+    ``tangents``: ``None`` for leaves that require grad; else forward-mode AD, the ``k``-th leaf
+    being a dual tensor with tangent ``tangents[k]`` where given (a plain constant otherwise).
+    """
 
     dtype: torch.dtype
     leaves: list = field(default_factory=list)
+    tangents: dict | None = None
 
     def tensor(self, value, grad: bool = False) -> torch.Tensor:
         t = torch.as_tensor(value, dtype=self.dtype)
         if grad:
-            t = t.clone().requires_grad_()
+            t = leaf(t.clone(), len(self.leaves), self.tangents)
             self.leaves.append(t)
         return t
+
+
+def leaf(t: torch.Tensor, k: int, tangents: dict | None) -> torch.Tensor:
+    """The ``k``-th leaf: requiring grad, or (forward mode) dual with ``tangents[k]`` where given."""
+    if tangents is None:
+        return t.requires_grad_()
+    return fwAD.make_dual(t, tangents[k]) if k in tangents else t
 
 
 class Node:
@@ -475,9 +488,10 @@ class LogProb(Node):
         return f"{self.prior}({_num(self.loc)}, {_num(self.scale)}{grad}).log_prob({self.x.src()})"
 
 
-def compile_integrand(node: Node, dtype: torch.dtype):
-    """``(fn, leaves)``: the integrand and the tensors it created that require grad."""
-    b = Build(dtype)
+def compile_integrand(node: Node, dtype: torch.dtype, tangents: dict | None = None):
+    """``(fn, leaves)``: the integrand and the tensors it created that require grad (or, with
+    ``tangents``, that are dual tensors for forward-mode AD; see :class:`Build`)."""
+    b = Build(dtype, tangents=tangents)
     return node.build(b), b.leaves
 
 

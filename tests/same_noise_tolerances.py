@@ -26,8 +26,8 @@ def assert_same(ref, got, rtol: float, atol_factor: float, what: str, none_is_ze
 
     ``none_is_zero``: an absent gradient (``None``) counts as a zero one; otherwise the
     connectivity (which gradients are ``None``) must agree.
-    ``witness``: ``None`` or a callable giving the reference's gradients recomputed in a wider
-    dtype on the same noise (or ``None``); it judges entries the reference overflowed (below).
+    ``witness``: ``None`` or a callable giving the reference's gradients recomputed another way on the
+    same noise (forward-mode AD in float64), or ``None``; it judges entries the reference overflowed.
     """
     (rv, rg), (gv, gg) = ref, got
     torch.testing.assert_close(gv, rv, rtol=rtol, atol=atol_factor * _magnitude(rv), equal_nan=True,
@@ -52,29 +52,30 @@ def _witness_grad(witness, k: int, like: torch.Tensor):
     return torch.zeros_like(like, dtype=torch.float64) if grads[k] is None else grads[k]
 
 
-def _non_finite_alike(a: torch.Tensor, b: torch.Tensor, what: str, wider=lambda: None, rtol: float = 0.0):
+def _non_finite_alike(a: torch.Tensor, b: torch.Tensor, what: str, recomputed=lambda: None, rtol: float = 0.0):
     """Where the reference gradient ``a`` is ±inf or NaN, ``b`` must be non-finite too, or equal
-    (within ``rtol``) the gradient recomputed in a wider dtype, ``wider()``; such entries are then
+    (within ``rtol``) the gradient recomputed another way, ``recomputed()``; such entries are then
     compared as NaN.
 
     An overflowed sample makes a gradient non-finite, and which of −inf, +inf or NaN comes out
     depends on the graph, not on the estimate: a generic form's chunk is a slice of a block's
     ``rsample`` graph, so the chunk's backward multiplies the other rows' zero gradient by their
-    infinite local derivative (0·inf = NaN) where the direct estimator sums −inf terms. And an
-    intermediate can overflow on one evaluation order only: reverse mode forms ``softplus(w)**-4``
-    before multiplying by ``sigmoid(w)``, forward rules multiply first, so the reference is −inf
-    where the true gradient, recomputed in float64, is finite and ``b`` matches it.
+    infinite local derivative (0·inf = NaN) where the direct estimator sums −inf terms. And the
+    order of the chain rule's products decides whether a finite gradient overflows on the way:
+    reverse mode forms ``softplus(w)**-4`` before multiplying by ``sigmoid(w)``, and multiplies
+    ``clamp``'s zero derivative by ``exp(w) = inf``; forward rules multiply the other way and stay
+    finite. Such a finite ``b`` must then equal forward-mode AD in float64 on the same noise.
     """
     bad = ~torch.isfinite(a)
     if not bool(bad.any()):
         return a, b
     finite_here = bad & torch.isfinite(b)
     if bool(finite_here.any()):
-        w = wider()
-        assert w is not None, f"{what}: non-finite in the reference, finite here (no wider recomputation)"
-        w = w.to(b.dtype)  # a true value beyond b's range rounds to ±inf here, and then b cannot match it
-        torch.testing.assert_close(b[finite_here], w[finite_here], rtol=rtol, atol=0.0,
+        r = recomputed()
+        assert r is not None, f"{what}: non-finite in the reference, finite here (no recomputation to judge it)"
+        r = r.to(b.dtype)  # a true value beyond b's range rounds to ±inf here, and then b cannot match it
+        torch.testing.assert_close(b[finite_here], r[finite_here], rtol=rtol, atol=0.0,
                                    msg=lambda m: f"{what}: non-finite in the reference, finite here and not the "
-                                                 f"gradient recomputed in a wider dtype: {m}")
+                                                 f"recomputed gradient: {m}")
     nan = torch.full_like(a, float("nan"))
     return torch.where(bad, nan, a), torch.where(bad, nan, b)
