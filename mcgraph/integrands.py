@@ -450,9 +450,8 @@ def _symbolic(name: str, func, args, kwargs, real: torch.Tensor) -> Expr:
         a, b = args
         if name == "rsub":
             a, b = b, a
-        if name in ("sub", "subtract", "rsub"):
-            return _add(_as_expr(a), _neg(_as_expr(b)), real)
-        return _add(_as_expr(a), _as_expr(b), real)
+        a, b = _promoted(a, real), _promoted(b, real)
+        return _add(a, _neg(b) if name in ("sub", "subtract", "rsub") else b, real)
     if name in ("neg", "negative") and len(args) == 1:
         return _neg(_as_expr(args[0]))
     if name in ("mul", "multiply", "rmul") and len(args) == 2:
@@ -490,6 +489,24 @@ def _as_expr(x) -> Expr:
     if isinstance(x, Traced):
         return x._expr
     return const_expr(x)
+
+
+def _promoted(x, real) -> Expr:
+    """``x``'s expression cast to the dtype of the sum ``real`` it enters, as torch promotes it there.
+
+    Without the cast, a later constant factor distributed over the sum would meet the operand's
+    own dtype: in ``0.562 * (w + (w > 0).int())`` the term ``0.562 * int`` is float32 (torch's
+    default dtype), where the sum of a float64 ``w`` made it float64. Polynomial parts are computed
+    in the sample's dtype, which the sum's already holds; programs and linear maps are cast.
+    """
+    e = _as_expr(x)
+    if not isinstance(x, Traced) or _real(x).dtype == real.dtype:
+        return e
+    dtype = real.dtype
+    el = e.elementwise
+    if el is not None:
+        return Expr.of(Elementwise(el.poly, tuple(Call(torch.Tensor.to, (p, dtype), {}) for p in el.programs)))
+    return Expr(tuple(Piece(p.expr, p.chain + (lambda t, d=dtype: t.to(d),)) for p in e.pieces))
 
 
 def _shape_of(x) -> tuple:

@@ -30,6 +30,7 @@ def assert_same(ref, got, rtol: float, atol_factor: float, what: str, none_is_ze
     same noise (forward-mode AD in float64), or ``None``; it judges entries the reference overflowed.
     """
     (rv, rg), (gv, gg) = ref, got
+    rv, gv = _non_finite_alike(rv, gv, f"{what} value")  # inf + (−inf) per sample, or split into terms
     torch.testing.assert_close(gv, rv, rtol=rtol, atol=atol_factor * _magnitude(rv), equal_nan=True,
                                msg=lambda m: f"{what} value: {m}")
     for k, (a, b) in enumerate(zip(rg, gg)):
@@ -57,8 +58,9 @@ def _non_finite_alike(a: torch.Tensor, b: torch.Tensor, what: str, recomputed=la
     (within ``rtol``) the gradient recomputed another way, ``recomputed()``; such entries are then
     compared as NaN.
 
-    An overflowed sample makes a gradient non-finite, and which of −inf, +inf or NaN comes out
-    depends on the graph, not on the estimate: a generic form's chunk is a slice of a block's
+    An overflowed sample makes the estimate non-finite, and which of −inf, +inf or NaN comes out
+    depends on the order of the additions: ``w + log p(w)`` at ``w = inf`` is NaN per sample and
+    ``inf + (−inf)`` or ``−inf`` when split into terms. Likewise for gradients: a generic form's chunk is a slice of a block's
     ``rsample`` graph, so the chunk's backward multiplies the other rows' zero gradient by their
     infinite local derivative (0·inf = NaN) where the direct estimator sums −inf terms. And the
     order of the chain rule's products decides whether a finite gradient overflows on the way:

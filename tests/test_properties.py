@@ -44,8 +44,8 @@ from mcgraph import distributions as mgd
 
 from families_table import FAMILY_FACTORIES, is_positive
 from hypothesis_profiles import examples
-from integrand_grammar import (Affine, Apply, Binary, Cast, Coef, Compare, Divide, ExpAffine, Log, Power, Reduce, Unary,
-                              W, Where, as_positive, compile_integrand, integrands, leaf)
+from integrand_grammar import (Affine, Apply, Binary, Cast, Coef, Compare, Divide, ExpAffine, Log, LogProb, Power, Reduce,
+                              Unary, W, Where, as_positive, compile_integrand, integrands, leaf)
 from same_noise_tolerances import TOLERANCES, assert_same
 
 F32, F64 = torch.float32, torch.float64
@@ -328,6 +328,13 @@ _NORMAL = Family(D.Normal, (3,), (3,), 0, F64)
 # derivative by inf (NaN), forward rules give 0; forward-mode AD in float64 agrees (slow profile).
 @example(case=Case(Family(D.HalfCauchy, (1, 2), (1, 2), 0, F32), Apply("clamp", ExpAffine(W(True), 1.0, 0.0)), 5, 0, 1))
 @example(case=Case(Family(D.HalfCauchy, (1, 2), (1, 2), 0, F64), Apply("clamp", ExpAffine(W(True), 1.0, 0.0)), 5, 0, 1))
+# 0.562 * (w + int): the sum is float64, but the engine distributed 0.562 over it onto the int term alone, which
+# torch made float32 (the default dtype); the tracer now casts a sum's operands to the sum's dtype (slow profile).
+@example(case=Case(Family(D.Normal, (), (), 0, F64, (("affine", 0.0, False),)),
+                   Affine(Binary("+", W(), Cast(Compare(W(), ">", 0.0), "int")), 0.562, 0.5), 1, 1, 1))
+# w + log Gamma(w) at w = exp(Cauchy) = inf: NaN per sample in direct, −inf as a sum of terms (slow profile).
+@example(case=Case(Family(D.Cauchy, (), (), 0, F32, (("exp", 0.0, False),)),
+                   Binary("+", W(True), LogProb("gamma", W(True), 0.0, 1.3, False, False)), 10, 0, 1))
 # 0.5·long + 0.688 is float32 inside a float64 result: direct rounds 1.188 to float32, auto adds 0.688 to the
 # float64 log-term by linearity; they differ at float32's precision (slow profile).
 @example(case=Case(Family(D.Normal, (), (), 0, F64, (("exp", 0.0, False),)),
