@@ -457,3 +457,19 @@ def test_detach_inside_fn_is_respected():
         e = mg.expectation(fn, D.Normal(mu, torch.ones(3, dtype=F64)), 16, seed=0, method=method)
         grads.append(torch.autograd.grad(e.sum(), mu)[0])
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda w: 0.562 * (w + (w > 0).int()),
+    lambda w: (w - (w > 0.3).long()) / 3.0,
+    lambda w: 0.3 * ((w > 0).sum() + w.sum()),
+    lambda w: 0.7 * (w ** 2 + (w > 0).sum(-1, keepdim=True)),
+], ids=["int", "long-divided", "reduced count", "broadcast count"])
+def test_a_constant_distributed_over_a_sum_meets_the_sums_dtype(fn):
+    """``c · (w + k)`` with an integer ``k``: torch computes the sum in w's float64, so the engine's
+    ``c · k`` term must be float64 too, not ``int × float`` in torch's default float32."""
+    q = D.Normal(t64([0.1, -0.3, 0.2]), t64([1.0, 0.5, 2.0]))
+    a = mg.expectation(fn, q, 40, seed=3)
+    b = mg.expectation(fn, q, 40, seed=3, method="direct")
+    assert a.dtype == b.dtype == F64
+    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
