@@ -26,11 +26,12 @@ def assert_same(ref, got, rtol: float, atol_factor: float, what: str, none_is_ze
 
     ``none_is_zero``: an absent gradient (``None``) counts as a zero one; otherwise the
     connectivity (which gradients are ``None``) must agree.
-    ``witness``: ``None`` or a callable giving the reference's gradients recomputed another way on the
-    same noise (forward-mode AD in float64), or ``None``; it judges entries the reference overflowed.
+    ``witness``: ``None`` or a callable giving ``(value, grads)`` of the reference recomputed another
+    way on the same noise (in float64, gradients by forward mode), or ``None``; it judges entries
+    that are non-finite in the reference and finite here.
     """
     (rv, rg), (gv, gg) = ref, got
-    rv, gv = _non_finite_alike(rv, gv, f"{what} value")  # inf + (−inf) per sample, or split into terms
+    rv, gv = _non_finite_alike(rv, gv, f"{what} value", lambda: _witnessed(witness, None, rv), rtol)
     torch.testing.assert_close(gv, rv, rtol=rtol, atol=atol_factor * _magnitude(rv), equal_nan=True,
                                msg=lambda m: f"{what} value: {m}")
     for k, (a, b) in enumerate(zip(rg, gg)):
@@ -41,15 +42,19 @@ def assert_same(ref, got, rtol: float, atol_factor: float, what: str, none_is_ze
             b = torch.zeros_like(a) if b is None else b
         assert (a is None) == (b is None), f"{what}: gradient {k} connectivity differs"
         if a is not None:
-            a, b = _non_finite_alike(a, b, f"{what} grad {k}", lambda k=k: _witness_grad(witness, k, a), rtol)
+            a, b = _non_finite_alike(a, b, f"{what} grad {k}", lambda k=k: _witnessed(witness, k, a), rtol)
             torch.testing.assert_close(b, a, rtol=rtol, atol=atol_factor * _magnitude(a), equal_nan=True,
                                        msg=lambda m: f"{what} grad {k}: {m}")
 
 
-def _witness_grad(witness, k: int, like: torch.Tensor):
-    grads = witness() if witness is not None else None
-    if grads is None:
+def _witnessed(witness, k: int | None, like: torch.Tensor):
+    """The witness's value (``k`` is ``None``) or ``k``-th gradient (an absent one is zero)."""
+    out = witness() if witness is not None else None
+    if out is None:
         return None
+    value, grads = out
+    if k is None:
+        return value
     return torch.zeros_like(like, dtype=torch.float64) if grads[k] is None else grads[k]
 
 

@@ -28,17 +28,27 @@ def test_a_finite_value_where_the_reference_overflowed_needs_a_recomputation():
 
 
 def test_a_finite_value_equal_to_the_recomputation_passes():
-    _check([-INF, 2.0], [-2.4e37, 2.0], witness=lambda: (torch.tensor([-2.4e37, 2.0], dtype=torch.float64),))
+    _check([-INF, 2.0], [-2.4e37, 2.0], witness=lambda: (None, (torch.tensor([-2.4e37, 2.0], dtype=torch.float64),)))
 
 
 @pytest.mark.parametrize("recomputed", [-1.0e37, -4.0e38, INF], ids=["another value", "beyond float32", "inf"])
 def test_a_finite_value_unlike_the_recomputation_fails(recomputed):
-    witness = lambda: (torch.tensor([recomputed, 2.0], dtype=torch.float64),)  # noqa: E731
+    witness = lambda: (None, (torch.tensor([recomputed, 2.0], dtype=torch.float64),))  # noqa: E731
     with pytest.raises(AssertionError, match="finite here and not the recomputed gradient"):
         _check([-INF, 2.0], [-2.4e37, 2.0], witness=witness)
 
 
 def test_finite_entries_are_compared_as_before():
-    witness = lambda: (torch.tensor([-2.4e37, 2.0], dtype=torch.float64),)  # noqa: E731
+    witness = lambda: (None, (torch.tensor([-2.4e37, 2.0], dtype=torch.float64),))  # noqa: E731
     with pytest.raises(AssertionError, match="grad 0"):
         _check([-INF, 2.0], [-2.4e37, 3.0], witness=witness)
+
+
+def test_a_finite_estimate_where_the_reference_overflowed_must_equal_the_recomputed_one():
+    value, grads = torch.tensor(-3.5), (torch.tensor(1.0),)
+    witness = lambda v: lambda: (torch.tensor(v, dtype=torch.float64), (None,))  # noqa: E731
+    assert_same((torch.tensor(-INF), grads), (value, grads), RTOL, ATOL, "case", witness=witness(-3.5))
+    with pytest.raises(AssertionError, match="value: non-finite in the reference, finite here and not"):
+        assert_same((torch.tensor(-INF), grads), (value, grads), RTOL, ATOL, "case", witness=witness(-3.0))
+    with pytest.raises(AssertionError, match="value: non-finite in the reference, finite here \\(no"):
+        assert_same((torch.tensor(float("nan")), grads), (value, grads), RTOL, ATOL, "case")
