@@ -31,9 +31,9 @@ def assert_same(ref, got, rtol: float, atol_factor: float, what: str, none_is_ze
     that are non-finite in the reference and finite here.
     """
     (rv, rg), (gv, gg) = ref, got
-    rv, gv = _non_finite_alike(rv, gv, f"{what} value", lambda: _witnessed(witness, None, rv), rtol)
-    torch.testing.assert_close(gv, rv, rtol=rtol, atol=atol_factor * _magnitude(rv), equal_nan=True,
-                               msg=lambda m: f"{what} value: {m}")
+    recomputed_value = lambda: _witnessed(witness, None, rv)  # noqa: E731
+    rv, gv = _non_finite_alike(rv, gv, f"{what} value", recomputed_value, rtol)
+    _close_or_as_accurate(gv, rv, rtol, atol_factor * _magnitude(rv), f"{what} value", recomputed_value)
     for k, (a, b) in enumerate(zip(rg, gg)):
         if none_is_zero:
             if a is None and b is None:
@@ -42,9 +42,42 @@ def assert_same(ref, got, rtol: float, atol_factor: float, what: str, none_is_ze
             b = torch.zeros_like(a) if b is None else b
         assert (a is None) == (b is None), f"{what}: gradient {k} connectivity differs"
         if a is not None:
-            a, b = _non_finite_alike(a, b, f"{what} grad {k}", lambda k=k: _witnessed(witness, k, a), rtol)
-            torch.testing.assert_close(b, a, rtol=rtol, atol=atol_factor * _magnitude(a), equal_nan=True,
-                                       msg=lambda m: f"{what} grad {k}: {m}")
+            recomputed = lambda k=k, a=a: _witnessed(witness, k, a)  # noqa: E731
+            a, b = _non_finite_alike(a, b, f"{what} grad {k}", recomputed, rtol)
+            _close_or_as_accurate(b, a, rtol, atol_factor * _magnitude(a), f"{what} grad {k}", recomputed)
+
+
+#: How much farther from the wider recomputation than the reference a tier may be, where the
+#: reference itself is farther from it than the tolerance.
+ACCURACY_FACTOR = 4.0
+
+
+def _close_or_as_accurate(b, a, rtol: float, atol: float, what: str, recomputed) -> None:
+    """``b`` equals the reference ``a`` within the tolerances, or is nearly as accurate as ``a``.
+
+    The fixed float32 tolerance assumes a well-conditioned integrand. A nested log-density (a
+    scale-mixture prior of a scale mixture's log-density, both with σ ≈ 0.0025) amplifies float32's
+    rounding a thousandfold, so the reference is itself 6e-4 (relative) away from the same
+    computation in float64, and a tier that multiplies in another order lands elsewhere at that
+    distance. Such a tier passes when, entry by entry, its error against a recomputation in a
+    wider dtype is at most ``ACCURACY_FACTOR`` × the reference's plus the tolerance.
+    """
+    try:
+        torch.testing.assert_close(b, a, rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"{what}: {m}")
+    except AssertionError:
+        r = recomputed()
+        if r is None or torch.finfo(r.dtype).eps >= torch.finfo(b.dtype).eps:
+            raise
+        r, a64, b64 = r.to(torch.float64), a.to(torch.float64), b.to(torch.float64)
+        both = torch.isfinite(a64) & torch.isfinite(b64)
+        allowed = ACCURACY_FACTOR * (a64 - r).abs() + atol + rtol * r.abs()
+        worse = both & ~((b64 - r).abs() <= allowed)
+        if bool(worse.any()):
+            raise AssertionError(f"{what}: not within the tolerance of the reference, and farther from the "
+                                 f"recomputation in {r.dtype} than {ACCURACY_FACTOR}× the reference: "
+                                 f"{b64[worse].tolist()} vs reference {a64[worse].tolist()}, recomputed "
+                                 f"{r[worse].tolist()}") from None
+        torch.testing.assert_close(b[~both], a[~both], equal_nan=True, msg=lambda m: f"{what}: {m}")
 
 
 def _witnessed(witness, k: int | None, like: torch.Tensor):
@@ -59,19 +92,19 @@ def _witnessed(witness, k: int | None, like: torch.Tensor):
 
 
 def _non_finite_alike(a: torch.Tensor, b: torch.Tensor, what: str, recomputed=lambda: None, rtol: float = 0.0):
-    """Where the reference gradient ``a`` is ±inf or NaN, ``b`` must be non-finite too, or equal
-    (within ``rtol``) the gradient recomputed another way, ``recomputed()``; such entries are then
-    compared as NaN.
+    """Where the reference ``a`` is ±inf or NaN, ``b`` must be non-finite too, or equal (within
+    ``rtol``) the recomputation ``recomputed()``; such entries are then compared as NaN.
 
     An overflowed sample makes the estimate non-finite, and which of −inf, +inf or NaN comes out
     depends on the order of the additions: ``w + log p(w)`` at ``w = inf`` is NaN per sample and
-    ``inf + (−inf)`` or ``−inf`` when split into terms. Likewise for gradients: a generic form's chunk is a slice of a block's
-    ``rsample`` graph, so the chunk's backward multiplies the other rows' zero gradient by their
+    ``−inf`` when split into terms. Likewise for gradients: a generic form's chunk is a slice of a
+    block's ``rsample`` graph, so its backward multiplies the other rows' zero gradient by their
     infinite local derivative (0·inf = NaN) where the direct estimator sums −inf terms. And the
     order of the chain rule's products decides whether a finite gradient overflows on the way:
     reverse mode forms ``softplus(w)**-4`` before multiplying by ``sigmoid(w)``, and multiplies
     ``clamp``'s zero derivative by ``exp(w) = inf``; forward rules multiply the other way and stay
-    finite. Such a finite ``b`` must then equal forward-mode AD in float64 on the same noise.
+    finite. Such a finite ``b`` must then equal the recomputation in float64 on the same noise
+    (gradients by forward mode).
     """
     bad = ~torch.isfinite(a)
     if not bool(bad.any()):

@@ -52,3 +52,28 @@ def test_a_finite_estimate_where_the_reference_overflowed_must_equal_the_recompu
         assert_same((torch.tensor(-INF), grads), (value, grads), RTOL, ATOL, "case", witness=witness(-3.0))
     with pytest.raises(AssertionError, match="value: non-finite in the reference, finite here \\(no"):
         assert_same((torch.tensor(float("nan")), grads), (value, grads), RTOL, ATOL, "case")
+
+
+def _grad_case(ref, got, recomputed):
+    value = torch.tensor(1.0)
+    witness = lambda: (value.double(), (torch.tensor(recomputed, dtype=torch.float64),))  # noqa: E731
+    assert_same((value, (torch.tensor(ref),)), (value, (torch.tensor(got),)), RTOL, ATOL, "case", witness=witness)
+
+
+def test_an_ill_conditioned_reference_is_judged_by_accuracy_against_the_wider_recomputation():
+    _grad_case([16.4816, -1.7822], [16.4975, -1.7822], [16.4720, -1.7822])  # 2.6× the reference's error
+
+
+def test_a_tier_much_farther_from_the_wider_recomputation_than_the_reference_fails():
+    with pytest.raises(AssertionError, match="farther from the recomputation"):
+        _grad_case([16.4816, -1.7822], [16.60, -1.7822], [16.4720, -1.7822])  # 13× the reference's error
+
+
+def test_without_a_wider_recomputation_the_tolerance_stands():
+    value = torch.tensor(1.0)
+    with pytest.raises(AssertionError, match="grad 0"):
+        assert_same((value, (torch.tensor([16.4816]),)), (value, (torch.tensor([16.4975]),)), RTOL, ATOL, "case")
+    witness = lambda: (value.double(), (torch.tensor([16.4720]),))  # noqa: E731  float32: not wider
+    with pytest.raises(AssertionError, match="grad 0"):
+        assert_same((value, (torch.tensor([16.4816]),)), (value, (torch.tensor([16.4975]),)), RTOL, ATOL, "case",
+                    witness=witness)
