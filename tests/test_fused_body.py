@@ -198,6 +198,24 @@ def test_forward_rule_body_matches_direct_and_the_autograd_body(case, dtype, mon
     assert_same(old[:2], got[:2], rtol, atol, f"{case}/{dtype} autograd body", none_is_zero=True)
 
 
+@pytest.mark.parametrize("fn", [
+    lambda w: torch.exp(2 * torch.log(torch.nn.functional.softplus(w))),
+    lambda w: torch.sqrt(torch.nn.functional.softplus(w)) * 0.0 + torch.log2(torch.nn.functional.softplus(w)) * 0.0,
+], ids=["exp-2-log", "sqrt-log2-times-zero"])
+def test_forward_rules_divide_where_a_reciprocal_overflows(fn):
+    """At w ≈ −103 in float32, softplus(w) is subnormal and its tangent σ(w) is 0: a log's rule as
+    ``ẋ · (1/x)`` gave 0 · inf = NaN where autograd's ``ẋ / x`` (and the direct gradient) is finite."""
+    loc = torch.tensor([-103.14, 0.3], requires_grad=True)
+    scale = torch.tensor([1e-6, 1.0], requires_grad=True)
+    ref = mg.expectation(fn, D.Normal(loc, scale), 9, seed=1, method="direct")
+    got = mg.expectation(fn, D.Normal(loc, scale), 9, seed=1, method="fused")
+    assert fused_body.last_path() == "eager"
+    ref_grads = torch.autograd.grad(ref.sum(), [loc, scale])
+    got_grads = torch.autograd.grad(got.sum(), [loc, scale])
+    assert all(bool(torch.isfinite(g).all()) for g in ref_grads)
+    assert_same((ref.detach(), ref_grads), (got.detach(), got_grads), *TOLERANCES[torch.float32], "subnormal")
+
+
 def test_an_op_without_a_rule_runs_the_autograd_body_with_the_same_numbers():
     def q():
         return D.Normal(torch.tensor([0.1, 0.2], dtype=F64, requires_grad=True), torch.ones(2, dtype=F64))

@@ -355,6 +355,9 @@ _NORMAL = Family(D.Normal, (3,), (3,), 0, F64)
                    LogProb("scale_mixture", LogProb("scale_mixture", W(), -1.462, 1.8, False, False),
                            0.0, 1.0, False, True),
                    11, 179411424, 1))
+# exp(2 log softplus(w)) at w = −103 in float32: softplus is subnormal and σ(w) = 0; the fused tier's log rule
+# multiplied 0 by 1/x = inf (NaN) where direct divides, 0/x = 0; rules of the form ẋ/g(x) now divide (slow profile).
+@example(case=Case(Family(D.Cauchy, (), (), 1, F32), Apply("exp_k_log", as_positive(W())), 17, 2410, 1))
 # 0.5·long + 0.688 is float32 inside a float64 result: direct rounds 1.188 to float32, auto adds 0.688 to the
 # float64 log-term by linearity; they differ at float32's precision (slow profile).
 @example(case=Case(Family(D.Normal, (), (), 0, F64, (("exp", 0.0, False),)),

@@ -119,6 +119,19 @@ def _unary(name: str, dfdx: Callable) -> None:
     register_derivative(name, rule)
 
 
+def _unary_over(name: str, denominator: Callable) -> None:
+    """``f(x)`` with ``f'(x) = 1 / g(x)``: tangent ``ẋ / g(x)``, divided as autograd divides.
+
+    ``ẋ · (1/g)`` would differ where ``1/g`` overflows: at a subnormal ``x = softplus(−103)`` in
+    float32, ``ẋ = σ(−103)`` is 0 and ``1/x`` is inf, so the product is NaN where ``0 / x`` is 0.
+    """
+    def rule(args, kwargs, out, tangents):
+        x = _one(args, kwargs, name)
+        return _div(tangents[0], denominator(x, out))
+
+    register_derivative(name, rule)
+
+
 def _linear_unary(name: str, factor) -> None:
     def rule(args, kwargs, out, tangents):
         _one(args, kwargs, name)
@@ -140,11 +153,11 @@ for _name in ("neg", "negative"):
 _unary("exp", lambda x, out: out)
 _unary("exp2", lambda x, out: out * math.log(2.0))
 _unary("expm1", lambda x, out: out + 1)
-_unary("log", lambda x, out: x.reciprocal())
-_unary("log2", lambda x, out: (x * math.log(2.0)).reciprocal())
-_unary("log10", lambda x, out: (x * math.log(10.0)).reciprocal())
-_unary("log1p", lambda x, out: (x + 1).reciprocal())
-_unary("sqrt", lambda x, out: (2 * out).reciprocal())
+_unary_over("log", lambda x, out: x)
+_unary_over("log2", lambda x, out: x * math.log(2.0))
+_unary_over("log10", lambda x, out: x * math.log(10.0))
+_unary_over("log1p", lambda x, out: x + 1)
+_unary_over("sqrt", lambda x, out: 2 * out)
 _unary("rsqrt", lambda x, out: -0.5 * out.pow(3))
 _unary("square", lambda x, out: 2 * x)
 _unary("reciprocal", lambda x, out: -(out * out))
@@ -154,7 +167,7 @@ _unary("tan", lambda x, out: 1 + out * out)
 _unary("tanh", lambda x, out: 1 - out * out)
 _unary("sinh", lambda x, out: x.cosh())
 _unary("cosh", lambda x, out: x.sinh())
-_unary("atan", lambda x, out: (1 + x * x).reciprocal())
+_unary_over("atan", lambda x, out: 1 + x * x)
 _unary("sigmoid", lambda x, out: out * (1 - out))
 _unary("relu", lambda x, out: (out > 0).to(out.dtype))
 _unary("erf", lambda x, out: (2 / math.sqrt(math.pi)) * torch.exp(-x * x))
