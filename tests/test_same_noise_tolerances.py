@@ -28,26 +28,25 @@ def test_a_finite_value_where_the_reference_overflowed_needs_a_recomputation():
 
 
 def test_a_finite_value_equal_to_the_recomputation_passes():
-    witness = lambda: (None, (torch.tensor([-2.4e37, 2.0], dtype=torch.float64),), False)  # noqa: E731
-    _check([-INF, 2.0], [-2.4e37, 2.0], witness=witness)
+    _check([-INF, 2.0], [-2.4e37, 2.0], witness=lambda: (None, (torch.tensor([-2.4e37, 2.0], dtype=torch.float64),)))
 
 
 @pytest.mark.parametrize("recomputed", [-1.0e37, -4.0e38, INF], ids=["another value", "beyond float32", "inf"])
 def test_a_finite_value_unlike_the_recomputation_fails(recomputed):
-    witness = lambda: (None, (torch.tensor([recomputed, 2.0], dtype=torch.float64),), False)  # noqa: E731
-    with pytest.raises(AssertionError, match="finite here and not the recomputed value"):
+    witness = lambda: (None, (torch.tensor([recomputed, 2.0], dtype=torch.float64),))  # noqa: E731
+    with pytest.raises(AssertionError, match="finite here and not the recomputed gradient"):
         _check([-INF, 2.0], [-2.4e37, 2.0], witness=witness)
 
 
 def test_finite_entries_are_compared_as_before():
-    witness = lambda: (None, (torch.tensor([-2.4e37, 2.0], dtype=torch.float64),), False)  # noqa: E731
+    witness = lambda: (None, (torch.tensor([-2.4e37, 2.0], dtype=torch.float64),))  # noqa: E731
     with pytest.raises(AssertionError, match="grad 0"):
         _check([-INF, 2.0], [-2.4e37, 3.0], witness=witness)
 
 
 def test_a_finite_estimate_where_the_reference_overflowed_must_equal_the_recomputed_one():
     value, grads = torch.tensor(-3.5), (torch.tensor(1.0),)
-    witness = lambda v: lambda: (torch.tensor(v, dtype=torch.float64), (None,), False)  # noqa: E731
+    witness = lambda v: lambda: (torch.tensor(v, dtype=torch.float64), (None,))  # noqa: E731
     assert_same((torch.tensor(-INF), grads), (value, grads), RTOL, ATOL, "case", witness=witness(-3.5))
     with pytest.raises(AssertionError, match="value: non-finite in the reference, finite here and not"):
         assert_same((torch.tensor(-INF), grads), (value, grads), RTOL, ATOL, "case", witness=witness(-3.0))
@@ -57,7 +56,7 @@ def test_a_finite_estimate_where_the_reference_overflowed_must_equal_the_recompu
 
 def _grad_case(ref, got, recomputed):
     value = torch.tensor(1.0)
-    witness = lambda: (value.double(), (torch.tensor(recomputed, dtype=torch.float64),), False)  # noqa: E731
+    witness = lambda: (value.double(), (torch.tensor(recomputed, dtype=torch.float64),))  # noqa: E731
     assert_same((value, (torch.tensor(ref),)), (value, (torch.tensor(got),)), RTOL, ATOL, "case", witness=witness)
 
 
@@ -74,20 +73,7 @@ def test_without_a_wider_recomputation_the_tolerance_stands():
     value = torch.tensor(1.0)
     with pytest.raises(AssertionError, match="grad 0"):
         assert_same((value, (torch.tensor([16.4816]),)), (value, (torch.tensor([16.4975]),)), RTOL, ATOL, "case")
-    witness = lambda: (value.double(), (torch.tensor([16.4720]),), False)  # noqa: E731  float32: not wider
+    witness = lambda: (value.double(), (torch.tensor([16.4720]),))  # noqa: E731  float32: not wider
     with pytest.raises(AssertionError, match="grad 0"):
         assert_same((value, (torch.tensor([16.4816]),)), (value, (torch.tensor([16.4975]),)), RTOL, ATOL, "case",
                     witness=witness)
-
-
-@pytest.mark.parametrize("overflowed", [True, False])
-def test_a_value_no_recomputation_can_give_is_unjudged_only_where_a_sample_overflowed(overflowed):
-    """``w / w`` at ``w = inf``: the engine's algebra gives 1, direct and float64 give NaN."""
-    grads = (torch.tensor(0.0),)
-    witness = lambda: (torch.tensor(float("nan"), dtype=torch.float64), (None,), overflowed)  # noqa: E731
-    ref, got = (torch.tensor(float("nan")), grads), (torch.tensor(1.0), grads)
-    if overflowed:
-        assert_same(ref, got, RTOL, ATOL, "case", witness=witness)
-    else:
-        with pytest.raises(AssertionError, match="finite here and not the recomputed value"):
-            assert_same(ref, got, RTOL, ATOL, "case", witness=witness)
