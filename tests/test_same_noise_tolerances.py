@@ -17,9 +17,23 @@ def _check(ref_grad, got_grad, witness=None):
                 witness=witness)
 
 
+def _passes(check, *args, **kwargs) -> bool:
+    """Whether ``check(*args, **kwargs)`` accepts (returns) rather than raising AssertionError."""
+    try:
+        check(*args, **kwargs)
+    except AssertionError:
+        return False
+    return True
+
+
+def _recomputed(grad):
+    return lambda: (None, (torch.tensor(grad, dtype=torch.float64),))
+
+
 @pytest.mark.parametrize("got", [-INF, INF, float("nan")])
 def test_a_non_finite_reference_accepts_any_non_finite_value(got):
-    _check([-INF, 2.0], [got, 2.0])
+    assert _passes(_check, [-INF, 2.0], [got, 2.0])
+    assert not _passes(_check, [-INF, 2.0], [got, 2.1])  # the finite entry is still compared
 
 
 def test_a_finite_value_where_the_reference_overflowed_needs_a_recomputation():
@@ -28,20 +42,19 @@ def test_a_finite_value_where_the_reference_overflowed_needs_a_recomputation():
 
 
 def test_a_finite_value_equal_to_the_recomputation_passes():
-    _check([-INF, 2.0], [-2.4e37, 2.0], witness=lambda: (None, (torch.tensor([-2.4e37, 2.0], dtype=torch.float64),)))
+    assert _passes(_check, [-INF, 2.0], [-2.4e37, 2.0], witness=_recomputed([-2.4e37, 2.0]))
+    assert not _passes(_check, [-INF, 2.0], [-2.4e37, 2.0], witness=_recomputed([-2.5e37, 2.0]))
 
 
 @pytest.mark.parametrize("recomputed", [-1.0e37, -4.0e38, INF], ids=["another value", "beyond float32", "inf"])
 def test_a_finite_value_unlike_the_recomputation_fails(recomputed):
-    witness = lambda: (None, (torch.tensor([recomputed, 2.0], dtype=torch.float64),))  # noqa: E731
     with pytest.raises(AssertionError, match="finite here and not the recomputed gradient"):
-        _check([-INF, 2.0], [-2.4e37, 2.0], witness=witness)
+        _check([-INF, 2.0], [-2.4e37, 2.0], witness=_recomputed([recomputed, 2.0]))
 
 
 def test_finite_entries_are_compared_as_before():
-    witness = lambda: (None, (torch.tensor([-2.4e37, 2.0], dtype=torch.float64),))  # noqa: E731
     with pytest.raises(AssertionError, match="grad 0"):
-        _check([-INF, 2.0], [-2.4e37, 3.0], witness=witness)
+        _check([-INF, 2.0], [-2.4e37, 3.0], witness=_recomputed([-2.4e37, 2.0]))
 
 
 def test_a_finite_estimate_where_the_reference_overflowed_must_equal_the_recomputed_one():
@@ -61,7 +74,9 @@ def _grad_case(ref, got, recomputed):
 
 
 def test_an_ill_conditioned_reference_is_judged_by_accuracy_against_the_wider_recomputation():
-    _grad_case([16.4816, -1.7822], [16.4975, -1.7822], [16.4720, -1.7822])  # 2.6× the reference's error
+    ref, recomputed = [16.4816, -1.7822], [16.4720, -1.7822]
+    assert _passes(_grad_case, ref, [16.4975, -1.7822], recomputed)  # 2.6× the reference's error
+    assert not _passes(_grad_case, ref, [16.4975, -1.7900], recomputed)  # the other entry is still compared
 
 
 def test_a_tier_much_farther_from_the_wider_recomputation_than_the_reference_fails():
