@@ -116,6 +116,6 @@ def _non_finite_alike(a: torch.Tensor, b: torch.Tensor, what: str, recomputed=la
         r = r.to(b.dtype)  # a true value beyond b's range rounds to ±inf here, and then b cannot match it
         torch.testing.assert_close(b[finite_here], r[finite_here], rtol=rtol, atol=0.0,
                                    msg=lambda m: f"{what}: non-finite in the reference, finite here and not the "
-                                                 f"recomputed gradient: {m}")
+                                                 f"recomputation: {m}")
     nan = torch.full_like(a, float("nan"))
     return torch.where(bad, nan, a), torch.where(bad, nan, b)

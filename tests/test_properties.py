@@ -39,8 +39,8 @@ from torch.utils._pytree import tree_leaves
 
 import mcgraph as mg
 import mcgraph.api as api
-from mcgraph.integrands import is_discrete
 from mcgraph.estimators.sampling import samples, stream_for
+from mcgraph.integrands import is_discrete
 from mcgraph import distributions as mgd
 
 from families_table import FAMILY_FACTORIES, is_positive
@@ -175,6 +175,11 @@ class Case:
                  else (None,) * len(targets))
         return value, grads
 
+    def _reference_rows(self):
+        """``(form, rows)``: the form of q and the stream rows every method of this case reads."""
+        form = mg.family_of(self.family.build()[0])
+        return form, stream_for(form, self.seed, self.num_samples).rows(0, self.num_samples)
+
     def forward_mode_witness(self):
         """``(value, gradients)`` of the direct estimate recomputed in float64 on the same noise, with
         gradients by forward-mode AD, or ``None``.
@@ -187,10 +192,10 @@ class Case:
         where the engine's ``log exp x = x`` and float64 agree. Only for sampling forms: a generic form's
         noise is its ``rsample``, with no float64 twin.
         """
-        form = mg.family_of(self.family.build()[0])
+        form, rows = self._reference_rows()
         if not isinstance(form, mg.SamplingForm):
             return None
-        rows = stream_for(form, self.seed, self.num_samples).rows(0, self.num_samples).to(F64)
+        rows = rows.to(F64)
 
         def estimate(tangent_of_leaf=None):  # tangent_of_leaf: (k, tangent) of the k-th leaf, family's first
             k, tangent = tangent_of_leaf or (-1, None)
@@ -218,8 +223,7 @@ class Case:
         form's ``rsample`` rows in their own dtype): then it is no real number and ``fn`` has no value
         there to compare. ``w / w`` at ``w = exp(exp(x)) = inf`` is NaN in direct and 1 by the engine's
         algebra; ``(w + log Gamma(w)) > 0`` is False (NaN > 0) in direct and True by the algebra."""
-        form = mg.family_of(self.family.build()[0])
-        rows = stream_for(form, self.seed, self.num_samples).rows(0, self.num_samples)
+        form, rows = self._reference_rows()
         if isinstance(form, mg.SamplingForm):
             with torch.no_grad():
                 rows = samples(mg.family_of(self.family.build(cast=F64)[0]), rows.to(F64))
