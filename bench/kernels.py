@@ -6,7 +6,10 @@ Kernels (each launched through its launcher, so Python overhead is one launch):
 * ``fused_log_prob`` — E_q[log p(w)] with d/dμ and d/dσ, q = N(μ, σ²), p a scale mixture
   of normals (fused tier);
 * ``softmax_mc`` — expected cross-entropy of Gaussian logits, K = 1000 classes,
-  B = P / K rows, with d/dm and d/ds.
+  B = P / K rows, with d/dm and d/ds;
+* ``torch:noise_stats`` and ``torch:fused_log_prob`` — the same quantities in plain torch on the
+  same device (``torch.randn`` rows and torch reductions; the vectorised direct estimate with
+  backward), chunked at 2²⁶ draws: the baselines the kernels are compared with.
 
 For every P ∈ {10⁶, 10⁷, 10⁸} and M ∈ {1, 100, 1000, 10 000}: the median time of
 ``triton.testing.do_bench`` (warm-up, then repetitions; inputs rotate over enough copies
@@ -150,7 +153,54 @@ class SoftmaxMC(Workload):
         softmax_forward_triton(mean, std, targets, self.M, seed, True)
 
 
-WORKLOADS = (NoiseStats, FusedLogProb, SoftmaxMC)
+def _row_chunks(P: int, M: int, max_elements: int = 2**26):
+    """Split M rows of P draws into chunks of at most ``max_elements`` (at least one row each)."""
+    step = max(1, max_elements // max(1, P))
+    return [(i, min(M, i + step)) for i in range(0, M, step)]
+
+
+class TorchNoiseStats(NoiseStats):
+    """Baseline of ``noise_stats``: ``torch.randn`` rows, then mean ξ and mean ξ² by torch reductions
+    (in chunks of 2²⁶ draws, so that M·P need not fit in memory)."""
+
+    name = "torch:noise_stats"
+
+    def run(self, inputs, seed):
+        s1 = torch.zeros(self.P, device=self.device)
+        s2 = torch.zeros(self.P, device=self.device)
+        for lo, hi in _row_chunks(self.P, self.M):
+            xi = torch.randn(hi - lo, self.P, device=self.device)
+            s1 += xi.sum(0)
+            s2 += xi.square().sum(0)
+        return s1 / self.M, s2 / self.M
+
+
+class TorchFusedLogProb(FusedLogProb):
+    """Baseline of ``fused_log_prob``: the vectorised direct estimate in torch, value and gradients:
+    ``w = μ + σ·torch.randn(M, P)``, ``p.log_prob(w).mean(0)`` summed, then backward (chunked as above)."""
+
+    name = "torch:fused_log_prob"
+
+    def make(self):
+        from mcgraph.distributions import ScaleMixtureNormal
+
+        prior = ScaleMixtureNormal(*torch.tensor([0.5, 1.0, 0.05], device=self.device))
+        loc = torch.randn(self.P, device=self.device).requires_grad_()
+        scale = (torch.rand(self.P, device=self.device) + 0.1).requires_grad_()
+        return prior, loc, scale
+
+    def run(self, inputs, seed):
+        prior, loc, scale = inputs
+        value = 0.0
+        for lo, hi in _row_chunks(self.P, self.M):
+            w = loc + scale * torch.randn(hi - lo, self.P, device=self.device)
+            part = prior.log_prob(w).sum() / self.M
+            part.backward()
+            value += part.detach()
+        return value
+
+
+WORKLOADS = (NoiseStats, TorchNoiseStats, FusedLogProb, TorchFusedLogProb, SoftmaxMC)
 
 
 # --------------------------------------------------------------------------- floors
