@@ -27,8 +27,8 @@ def assert_same(ref, got, rtol: float, atol_factor: float, what: str, none_is_ze
     ``none_is_zero``: an absent gradient (``None``) counts as a zero one; otherwise the
     connectivity (which gradients are ``None``) must agree.
     ``witness``: ``None`` or a callable giving ``(value, grads)`` of the reference recomputed another
-    way on the same noise (in float64, gradients by forward mode), or ``None``; it judges entries
-    that are non-finite in the reference and finite here.
+    way on the same noise (in float64; gradients by reverse mode, by forward mode where that overflows),
+    or ``None``; it judges entries that are non-finite in the reference and finite here.
     """
     (rv, rg), (gv, gg) = ref, got
     recomputed_value = lambda: _witnessed(witness, None, rv)  # noqa: E731
@@ -104,7 +104,7 @@ def _non_finite_alike(a: torch.Tensor, b: torch.Tensor, what: str, recomputed=la
     reverse mode forms ``softplus(w)**-4`` before multiplying by ``sigmoid(w)``, and multiplies
     ``clamp``'s zero derivative by ``exp(w) = inf``; forward rules multiply the other way and stay
     finite. Such a finite ``b`` must then equal the recomputation in float64 on the same noise
-    (gradients by forward mode).
+    (gradients by reverse mode where that is finite in float64, else by forward mode).
     """
     bad = ~torch.isfinite(a)
     if not bool(bad.any()):

@@ -45,8 +45,8 @@ from mcgraph import distributions as mgd
 
 from families_table import FAMILY_FACTORIES, is_positive
 from hypothesis_profiles import examples
-from integrand_grammar import (Affine, Apply, Binary, Cast, Coef, Compare, Divide, ExpAffine, Log, LogProb, Power,
-                              Reduce, Unary, W, Where, as_positive, compile_integrand, integrands, leaf)
+from integrand_grammar import (Affine, Apply, Binary, Cast, Coef, Compare, Divide, ExpAffine, Log, LogProb, Maximum,
+                              Power, Reduce, Unary, W, Where, as_positive, compile_integrand, integrands, leaf)
 from same_noise_tolerances import TOLERANCES, assert_same
 
 F32, F64 = torch.float32, torch.float64
@@ -180,17 +180,24 @@ class Case:
         form = mg.family_of(self.family.build()[0])
         return form, stream_for(form, self.seed, self.num_samples).rows(0, self.num_samples)
 
-    def forward_mode_witness(self):
-        """``(value, gradients)`` of the direct estimate recomputed in float64 on the same noise, with
-        gradients by forward-mode AD, or ``None``.
+    def float64_witness(self):
+        """``(value, gradients)`` of the direct estimate recomputed in float64 on the same noise, or ``None``.
 
-        Judges a tier that is finite where the reference overflowed. Reverse mode through
-        ``(1/softplus(w))**3`` forms ``softplus(w)**-4`` before multiplying by ``sigmoid(w)``, and through
-        ``clamp(exp(w))`` multiplies the clamp's zero by ``exp(w) = inf``: the direct gradient is −inf or
-        NaN where the true one (and the fused tier's forward rules) is finite. Forward mode, in float64,
-        multiplies in the other order. And ``log w`` of ``w = exp(x)`` underflowed to 0 is −inf in float32,
-        where the engine's ``log exp x = x`` and float64 agree. Only for sampling forms: a generic form's
-        noise is its ``rsample``, with no float64 twin.
+        Judges a tier that is finite where the reference overflowed, or far from it where the reference
+        is ill-conditioned. Gradients are by reverse mode, as the reference takes them, wherever that is
+        finite in float64; entry by entry by forward-mode AD where float64 reverse mode itself overflows:
+        through ``(1/softplus(w))**3`` it forms ``softplus(w)**-4`` before multiplying by ``sigmoid(w)``,
+        and through ``clamp(exp(w))`` multiplies the clamp's zero by ``exp(w) = inf``, so the direct
+        gradient is −inf or NaN where the true one (and the fused tier's forward rules) is finite; forward
+        mode multiplies in the other order. And ``log w`` of ``w = exp(x)`` underflowed to 0 is −inf in
+        float32, where the engine's ``log exp x = x`` and float64 agree. Only for sampling forms: a generic
+        form's noise is its ``rsample``, with no float64 twin.
+
+        Forward mode is not the first choice: torch's forward rule of ``maximum`` (and ``minimum``,
+        ``fmax``, ``fmin``) is ``ẏ + [x > y]·(ẋ − ẏ)``, which loses ``ẋ`` when the other branch's tangent
+        ``ẏ`` is huge (``w / softplus(w) = −2e102`` at a Cauchy draw ``w = −232``: the tangent is −2e104,
+        and ``ẏ + (ẋ − ẏ) = 0``, not ``ẋ = 1``) and is NaN when it is infinite. Here ``maximum`` and
+        ``minimum`` select the winning branch's tangent instead (:class:`_SelectedTangents`).
         """
         form, rows = self._reference_rows()
         if not isinstance(form, mg.SamplingForm):
@@ -199,24 +206,25 @@ class Case:
 
         def estimate(tangent_of_leaf=None):  # tangent_of_leaf: (k, tangent) of the k-th leaf, family's first
             k, tangent = tangent_of_leaf or (-1, None)
-            q, leaves = self.family.build(cast=F64, tangents={k: tangent})
-            fn, _ = compile_integrand(self.integrand, F64, tangents={k - len(leaves): tangent})
+            tangents = None if tangent_of_leaf is None else {k: tangent}
+            q, leaves = self.family.build(cast=F64, tangents=tangents)
+            fn, fn_leaves = compile_integrand(self.integrand, F64,
+                                              tangents=None if tangents is None else {k - len(leaves): tangent})
             values = [fn(w) for w in samples(mg.family_of(q), rows)]
-            return torch.stack([v.to(F64) if is_discrete(v.dtype) else v for v in values]).mean(0)
+            return torch.stack([v.to(F64) if is_discrete(v.dtype) else v for v in values]).mean(0), leaves + fn_leaves
 
-        with torch.no_grad():
-            value = estimate()
-        shapes = [t.shape for t in self.family.build(cast=F64)[1] + compile_integrand(self.integrand, F64)[1]]
-        grads = [torch.zeros(shape, dtype=F64) for shape in shapes]
-        for k, shape in enumerate(shapes):
-            for j in range(math.prod(shape)):
-                tangent = torch.zeros(shape, dtype=F64)
+        value, targets = estimate()
+        grads = (torch.autograd.grad(value.sum(), targets, allow_unused=True) if value.requires_grad
+                 else (None,) * len(targets))
+        grads = [torch.zeros_like(t) if g is None else g.clone() for g, t in zip(grads, targets)]
+        for k, g in enumerate(grads):
+            for j in torch.nonzero(~torch.isfinite(g.view(-1))).view(-1).tolist():
+                tangent = torch.zeros_like(g)
                 tangent.view(-1)[j] = 1.0
-                with fwAD.dual_level():
-                    derivative = fwAD.unpack_dual(estimate((k, tangent)).sum()).tangent
-                if derivative is not None:
-                    grads[k].view(-1)[j] = derivative
-        return value, grads
+                with fwAD.dual_level(), _SelectedTangents():
+                    derivative = fwAD.unpack_dual(estimate((k, tangent))[0].sum()).tangent
+                g.view(-1)[j] = 0.0 if derivative is None else derivative
+        return value.detach(), grads
 
     def samples_overflow(self) -> bool:
         """Whether a sample is ±inf or NaN even in float64 (the float32 noise cast exactly; a generic
@@ -239,6 +247,26 @@ class Case:
             with _FloatingDtypes() as computed:
                 out = fn(w)
             return out, w.dtype, computed.seen
+
+
+def _selected(x, y, wins):
+    """``x`` where ``wins(x, y)``, ``y`` where ``wins(y, x)``, their mean at a tie (and NaN if either is)."""
+    return torch.where(wins(x, y), x, torch.where(wins(y, x), y, 0.5 * x + 0.5 * y))
+
+
+class _SelectedTangents(TorchFunctionMode):
+    """``maximum`` / ``minimum`` as a selection (``where``), whose forward-mode tangent is the selected
+    branch's, not ``ẏ + [x > y]·(ẋ − ẏ)``: the same values and the same gradients as reverse mode
+    (half to each at a tie), with no cancellation against the other branch's tangent."""
+
+    SELECT = {torch.maximum: torch.gt, torch.Tensor.maximum: torch.gt,
+              torch.minimum: torch.lt, torch.Tensor.minimum: torch.lt}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        wins = self.SELECT.get(func)
+        if wins is not None and not kwargs and len(args) == 2:
+            return _selected(*args, wins)
+        return func(*args, **(kwargs or {}))
 
 
 class _FloatingDtypes(TorchFunctionMode):
@@ -306,6 +334,7 @@ def _expected_dtype(out: torch.Tensor, sample_dtype: torch.dtype) -> torch.dtype
 
 # Regressions: each pinned input once broke a property.
 _NORMAL = Family(D.Normal, (3,), (3,), 0, F64)
+_MAX_OF_W_AND_W_OVER_SOFTPLUS = Reduce(Maximum(W(), Divide(W(), Unary("softplus", W()))), "flip_scale")
 
 
 @given(case=cases())
@@ -388,6 +417,12 @@ _NORMAL = Family(D.Normal, (3,), (3,), 0, F64)
 @example(case=Case(Family(D.Normal, (), (), 0, F64, (("exp", 0.0, False),)),
                    Binary("+", Affine(Cast(Compare(W(), ">", 0.0), "long"), 0.5, 0.688), Log(W(positive=True))),
                    1, 0, 1))
+# max(w, w / softplus(w)) at a Cauchy draw w = −232 (float32 direct: NaN, softplus underflows): the fused tier's
+# gradient is float64 reverse mode's, but the forward-mode witness lost the selected branch's tangent to torch's
+# rule ẏ + [x > y]·(ẋ − ẏ) with ẏ = −2e104 (seed 20261126, slow profile); and at w = −1023, where w / softplus(w)
+# is −inf even in float64 and float64 reverse mode is NaN, that rule gave NaN.
+@example(case=Case(Family(D.Cauchy, (), (), 0, F32), _MAX_OF_W_AND_W_OVER_SOFTPLUS, 5, 22960, 1))
+@example(case=Case(Family(D.Cauchy, (), (), 0, F32), _MAX_OF_W_AND_W_OVER_SOFTPLUS, 3, 1226, 1))
 @examples(150)
 def test_same_seed_same_value_and_gradients(case):
     out, sample_dtype, computed = case.reference_output()
@@ -412,7 +447,7 @@ def test_same_seed_same_value_and_gradients(case):
     assert plan.tiers == plans[-1].tiers, f"explain says {plan.tiers}, auto used {plans[-1].tiers}"
     event(f"auto tiers: {' + '.join(sorted({str(t) for t in plan.tiers})) or 'constant'}")
     event(f"result dtype: {dtype}" + (" (boolean/integer fn)" if not out.is_floating_point() else ""))
-    witness = functools.cache(case.forward_mode_witness)  # computed only if the reference overflowed
+    witness = functools.cache(case.float64_witness)  # computed only if the reference overflowed
     overflowed = case.samples_overflow()
     if overflowed:
         event("a sample is ±inf or NaN even in float64: values not compared")
@@ -443,11 +478,11 @@ def test_same_seed_same_value_and_gradients(case):
     Case(Family(D.Cauchy, (), (), 8694, F32), Power(Apply("reciprocal", as_positive(W())), 3), 15, 0, 1),
     Case(Family(D.Laplace, (3,), (1,), 1, F32), Apply("clamp", ExpAffine(W(), 0.7, -0.2)), 9, 2, 4),
 ], ids=["normal+transforms+coef", "cauchy", "laplace-clamp"])
-def test_the_forward_mode_witness_equals_direct_where_direct_is_finite(case):
+def test_the_float64_witness_equals_direct_where_direct_is_finite(case):
     """The recomputation that judges overflowed references is itself checked against reverse mode."""
     value, grads = case.run("direct", None)
     assert not case.samples_overflow()
-    witness_value, witness = case.forward_mode_witness()
+    witness_value, witness = case.float64_witness()
     rtol = TOLERANCES[case.family.dtype][0]
     torch.testing.assert_close(witness_value, value.detach().to(F64), rtol=rtol, atol=0.0)
     assert len(witness) == len(grads)
@@ -455,6 +490,36 @@ def test_the_forward_mode_witness_equals_direct_where_direct_is_finite(case):
         g = torch.zeros_like(w) if g is None else g.to(F64)
         assert bool(torch.isfinite(g).all())
         torch.testing.assert_close(w, g, rtol=rtol, atol=rtol)
+
+
+@pytest.mark.parametrize("case", [
+    Case(Family(D.Cauchy, (), (), 0, F32), _MAX_OF_W_AND_W_OVER_SOFTPLUS, 5, 22960, 1),
+    Case(Family(D.Cauchy, (), (), 0, F32), _MAX_OF_W_AND_W_OVER_SOFTPLUS, 3, 1226, 1),
+], ids=["w=-232: the other branch -2e102", "w=-1023: the other branch -inf in float64"])
+def test_the_float64_witness_differentiates_maximum_through_the_selected_branch(case):
+    """The witness of E[2 max(w, w / softplus(w))], w = μ + s·x, equals its hand-derived gradient.
+
+    With ``f(w) = 2 max(w, w / softplus(w))``: ``f'(w) = 2`` where ``w`` wins, else
+    ``2 (1 / softplus(w) − w σ(w) / softplus(w)²)``; ``∂/∂μ = mean f'(w)``, ``∂/∂s = mean f'(w) (w − μ) / s``.
+    Float32 direct is NaN on both draws (the witness judges the finite tiers there); at ``w = −232`` the
+    other branch's forward tangent is −2e104 and torch's forward rule of ``maximum`` cancels the selected one
+    against it; at ``w = −1023`` float64 reverse mode is NaN as well, so forward mode answers.
+    """
+    assert not bool(torch.isfinite(case.run("direct", None)[1][0]).all())
+    _, rows = case._reference_rows()
+    q, (mu, s) = case.family.build(cast=F64)
+    with torch.no_grad():
+        w = samples(mg.family_of(q), rows.to(F64))
+        softplus = torch.nn.functional.softplus(w)
+        other = w / softplus
+        value = (2 * torch.maximum(w, other)).mean(0)
+        df = torch.where(w > other, 2.0, 2 * (1 / softplus - w * torch.sigmoid(w) / softplus ** 2))
+        expected = [df.mean(0), (df * (w - mu) / s).mean(0)]
+    witness_value, witness = case.float64_witness()
+    torch.testing.assert_close(witness_value, value.reshape(1), rtol=1e-12, atol=0.0)
+    assert len(witness) == 2
+    for got, want in zip(witness, expected):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=0.0)
 
 
 def _explain_args(case):
