@@ -25,9 +25,10 @@ test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
 # The property-based tests with 64x more examples, about 21 000 (MCGRAPH_HYPOTHESIS_SLOW_FACTOR=N for N x).
+# `make test-props-slow SEED=31415` repeats a run (Hypothesis' seed); without SEED each run draws its own.
 test-props-slow: $(STAMP)
 	MCGRAPH_HYPOTHESIS_PROFILE=slow $(PY) -m pytest -q tests/test_properties.py tests/test_properties_nn.py \
-		--hypothesis-show-statistics
+		--hypothesis-show-statistics $(if $(SEED),--hypothesis-seed=$(SEED))
 
 bench-smoke: $(STAMP)
 	$(PY) -m pytest -q bench/ --benchmark-disable
