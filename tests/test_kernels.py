@@ -1,16 +1,32 @@
-"""The Triton kernels against their pure-torch references, on CPU under Triton's interpreter.
+"""The Triton kernels against their pure-torch references: on CPU under Triton's interpreter, or compiled on CUDA.
+
+Where they run (``MCGRAPH_KERNEL_DEVICE``, read once at collection):
+
+* ``cpu`` (the default, what CI runs): CPU tensors, the kernels in Triton's interpreter; this
+  module sets ``TRITON_INTERPRET=1`` before Triton is first imported.
+* ``cuda``: CUDA tensors, the kernels compiled. ``TRITON_INTERPRET`` must be unset (a truthy
+  value is a collection error); the module is skipped where ``torch.cuda.is_available()`` is
+  false. Run it on its own, since other test modules set ``TRITON_INTERPRET=1`` when imported::
+
+      MCGRAPH_KERNEL_DEVICE=cuda python -m pytest -q tests/test_kernels.py
+
+Seeded draws stay on torch's CPU generator and are moved to the device, so both devices
+compare the same numbers; the references run in torch on the kernels' device.
 
 Tiers (STYLE rule 9):
 
 1. exact replay: every kernel against its reference in ``mcgraph.kernels.reference`` fed with
    exactly the noise the kernel draws (``materialize_noise``), over odd sizes and fp32/fp64,
    values and gradients. Tolerances: fp64 rtol 1e-10; fp32 rtol 2e-5 — the kernel sums the M
-   samples sequentially, torch pairwise, and the kernel may fuse multiply-adds.
+   samples sequentially, torch pairwise, and the kernel may fuse multiply-adds. The same on
+   ``cuda``: the compiled kernels (fma contraction, approximate exp/log) passed them unchanged
+   on an H100 (torch 2.11, Triton 3.6).
 2. statistics: each noise law against its distribution (Kolmogorov–Smirnov, α = 1e-4 per law),
    and each integrand's Triton estimate against the torch backend's (different streams, same
    distribution): |difference| < 5 standard errors (two-sided false alarm 6e-7 per check).
 3. graph size: independent of M.
-4. the kernels compile for CUDA: Triton's front end run in a subprocess without the interpreter.
+4. the kernels compile for CUDA: Triton's front end run in a subprocess without the interpreter
+   (on ``cuda`` the module itself compiles every kernel it launches, so this check is skipped).
 
 Sizes stay small (P ≤ ~1000, M ≤ ~64): every interpreted launch runs in Python.
 """
@@ -19,7 +35,17 @@ from __future__ import annotations
 
 import os
 
-os.environ["TRITON_INTERPRET"] = "1"  # before Triton (and mcgraph.kernels) is first imported
+#: Where the kernels' inputs live: ``"cpu"`` (interpreted, the default) or ``"cuda"`` (compiled).
+DEVICE = os.environ.get("MCGRAPH_KERNEL_DEVICE", "").strip().lower() or "cpu"
+if DEVICE not in ("cpu", "cuda"):
+    raise ValueError(f"MCGRAPH_KERNEL_DEVICE={os.environ['MCGRAPH_KERNEL_DEVICE']!r}: expected 'cpu' or 'cuda'")
+if DEVICE == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"  # before Triton (and mcgraph.kernels) is first imported
+elif os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on"):
+    raise ValueError(
+        f"MCGRAPH_KERNEL_DEVICE=cuda runs the kernels compiled, but TRITON_INTERPRET="
+        f"{os.environ['TRITON_INTERPRET']!r} is set in this process (by the environment, or by a test module "
+        f"imported earlier, such as tests/test_backend.py); unset it and run tests/test_kernels.py on its own")
 
 import math  # noqa: E402
 import subprocess  # noqa: E402
@@ -31,13 +57,18 @@ import torch  # noqa: E402
 from torch import distributions as D  # noqa: E402
 
 pytest.importorskip("triton", reason="triton is not installed")
+if DEVICE == "cuda" and not torch.cuda.is_available():
+    pytest.skip("MCGRAPH_KERNEL_DEVICE=cuda but torch.cuda.is_available() is False", allow_module_level=True)
 
 import mcgraph as mg  # noqa: E402
 from mcgraph import distributions as mgd  # noqa: E402
 from mcgraph.kernels import utils as kutils  # noqa: E402
 
-if not kutils.INTERPRETED:  # pragma: no cover - only when another module imported the kernels compiled
+if DEVICE == "cpu" and not kutils.INTERPRETED:  # pragma: no cover - another module imported the kernels compiled
     pytest.skip("mcgraph.kernels was imported without TRITON_INTERPRET=1 in this process", allow_module_level=True)
+if DEVICE == "cuda" and kutils.INTERPRETED:  # pragma: no cover - another module imported them interpreted
+    pytest.skip("MCGRAPH_KERNEL_DEVICE=cuda, but mcgraph.kernels was imported under TRITON_INTERPRET=1 in this "
+                "process; run tests/test_kernels.py on its own without it", allow_module_level=True)
 
 from mcgraph.kernels import (  # noqa: E402
     LOG_PROBS,
@@ -69,18 +100,19 @@ def assert_near(actual, expected, dtype, what=""):
 
 
 def test_materialised_rows_are_counter_based():
-    full = materialize_noise("normal", (5, 7), 0, 9, seed=3)
-    assert full.shape == (9, 5, 7)
-    torch.testing.assert_close(materialize_noise("normal", (5, 7), 4, 9, seed=3), full[4:], rtol=0, atol=0)
-    assert not torch.equal(materialize_noise("normal", (5, 7), 0, 9, seed=4), full)
+    full = materialize_noise("normal", (5, 7), 0, 9, seed=3, device=DEVICE)
+    assert full.shape == (9, 5, 7) and full.device.type == DEVICE
+    torch.testing.assert_close(materialize_noise("normal", (5, 7), 4, 9, seed=3, device=DEVICE), full[4:],
+                               rtol=0, atol=0)
+    assert not torch.equal(materialize_noise("normal", (5, 7), 0, 9, seed=4, device=DEVICE), full)
 
 
 def test_offsets_do_not_wrap_at_32_bits():
     # sample i = 4 294 968 of P = 1000 starts at offset 4 294 968 000 > 2^32; its wrapped twin is
     # sample 0, element 704. A 32-bit counter would repeat those draws.
     P, i = 1000, 4_294_968
-    far = materialize_noise("uniform", (P,), i, i + 1, seed=11)[0]
-    near = materialize_noise("uniform", (P,), 0, 1, seed=11)[0]
+    far = materialize_noise("uniform", (P,), i, i + 1, seed=11, device=DEVICE)[0]
+    near = materialize_noise("uniform", (P,), 0, 1, seed=11, device=DEVICE)[0]
     assert not torch.equal(far[: P - 704], near[704:])
 
 
@@ -93,14 +125,14 @@ _SCIPY = {"normal": "norm", "laplace": "laplace", "logistic": "logistic", "cauch
 def test_noise_law_distribution(name):
     stats = pytest.importorskip("scipy.stats")
     if name == "radial":  # ξ = ε/‖ε‖·r over the event: ‖ξ‖ = |r| ~ half-normal, ξ/‖ξ‖ on the sphere
-        xi = materialize_noise(name, (50, 8), 0, 20, seed=1, dtype=F64, event_ndims=1)
+        xi = materialize_noise(name, (50, 8), 0, 20, seed=1, dtype=F64, device=DEVICE, event_ndims=1).cpu()
         norms = xi.norm(dim=-1).flatten()
         assert stats.kstest(norms.numpy(), "halfnorm").pvalue > 1e-4
         first = (xi[..., 0] / xi.norm(dim=-1)).flatten()  # a coordinate of the uniform direction in R^8
         assert stats.kstest(first.numpy(), stats.beta(3.5, 3.5, loc=-1, scale=2).cdf).pvalue > 1e-4
         return
     for dtype in DTYPES:
-        xi = materialize_noise(name, (1003,), 0, 4, seed=5, dtype=dtype).flatten().double()
+        xi = materialize_noise(name, (1003,), 0, 4, seed=5, dtype=dtype, device=DEVICE).flatten().double().cpu()
         assert torch.isfinite(xi).all()
         assert stats.kstest(xi.numpy(), _SCIPY[name]).pvalue > 1e-4, (name, dtype)
         if NOISE_LAWS[name].positive:
@@ -118,18 +150,18 @@ def test_noise_law_distribution(name):
 ])
 def test_noise_statistics_match_reference(name, keys, size, dtype):
     M, seed = 16, 2
-    got = noise_statistics(name, (size,), M, seed, keys, dtype)
-    want = noise_statistics_reference(materialize_noise(name, (size,), 0, M, seed, dtype), keys)
+    got = noise_statistics(name, (size,), M, seed, keys, dtype, DEVICE)
+    want = noise_statistics_reference(materialize_noise(name, (size,), 0, M, seed, dtype, DEVICE), keys)
     for key in keys:
-        assert got[key].shape == (size,) and got[key].dtype == dtype
+        assert got[key].shape == (size,) and got[key].dtype == dtype and got[key].device.type == DEVICE
         assert_near(got[key], want[key], dtype, f"{name} {key}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_radial_statistics_match_reference(dtype):
     keys, M = [(1, 0), (2, 0), (3, 0)], 8
-    got = noise_statistics("radial", (3, 17), M, 4, keys, dtype, event_ndims=1)
-    xi = materialize_noise("radial", (3, 17), 0, M, 4, dtype, event_ndims=1)
+    got = noise_statistics("radial", (3, 17), M, 4, keys, dtype, DEVICE, event_ndims=1)
+    xi = materialize_noise("radial", (3, 17), 0, M, 4, dtype, DEVICE, event_ndims=1)
     want = noise_statistics_reference(xi, keys)
     for key in keys:
         assert_near(got[key], want[key], dtype, f"radial {key}")
@@ -137,22 +169,22 @@ def test_radial_statistics_match_reference(dtype):
 
 def test_noise_statistics_bad_input():
     with pytest.raises(ValueError, match="registered"):
-        noise_statistics("nope", (3,), 4, 0, [(1, 0)])
+        noise_statistics("nope", (3,), 4, 0, [(1, 0)], device=DEVICE)
     with pytest.raises(ValueError, match="not positive"):
-        noise_statistics("normal", (3,), 4, 0, [(0, 1)])
+        noise_statistics("normal", (3,), 4, 0, [(0, 1)], device=DEVICE)
     with pytest.raises(ValueError, match="keys"):
-        noise_statistics("normal", (3,), 4, 0, [(1, -1)])
+        noise_statistics("normal", (3,), 4, 0, [(1, -1)], device=DEVICE)
     with pytest.raises(ValueError, match="num_samples"):
-        noise_statistics("normal", (3,), 0, 0, [(1, 0)])
+        noise_statistics("normal", (3,), 0, 0, [(1, 0)], device=DEVICE)
     with pytest.raises(TypeError, match="dtype"):
-        noise_statistics("normal", (3,), 4, 0, [(1, 0)], torch.int32)
+        noise_statistics("normal", (3,), 4, 0, [(1, 0)], torch.int32, DEVICE)
 
 
 # --------------------------------------------------------------------------- fused elementwise MC
 
 
 def _t(x, dtype, grad=True):
-    return torch.tensor(x, dtype=dtype, requires_grad=grad)
+    return torch.tensor(x, dtype=dtype, device=DEVICE, requires_grad=grad)
 
 
 # (prior factory, form kind, noise law); priors with positive support get a positive w.
@@ -197,9 +229,9 @@ def _prior_leaves(prior):
 
 
 def _posterior(size, dtype, form, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    loc = None if form == "scaling" else (0.5 * torch.randn(size, generator=g, dtype=dtype)).requires_grad_()
-    scale = (0.3 + 0.5 * torch.rand(size, generator=g, dtype=dtype)).requires_grad_()
+    g = torch.Generator().manual_seed(seed)  # drawn on CPU, then moved: the same numbers on every device
+    loc = None if form == "scaling" else (0.5 * torch.randn(size, generator=g, dtype=dtype)).to(DEVICE).requires_grad_()
+    scale = (0.3 + 0.5 * torch.rand(size, generator=g, dtype=dtype)).to(DEVICE).requires_grad_()
     return loc, scale
 
 
@@ -207,10 +239,10 @@ def _check_fused(prior, form, noise, size, dtype, M=12, seed=7, event_ndims=0, s
     loc, scale = _posterior(size, dtype, form)
     leaves = _leaves(loc, scale) + _prior_leaves(prior)
     got = fused_log_prob_expectation(prior, loc, scale, form, M, seed, noise=noise, event_ndims=event_ndims)
-    xi = materialize_noise(noise, shape or (size,), 0, M, seed, dtype, event_ndims=event_ndims)
+    xi = materialize_noise(noise, shape or (size,), 0, M, seed, dtype, DEVICE, event_ndims=event_ndims)
     want = log_prob_expectation_reference(prior, loc, scale, form, xi)
     assert_near(got, want, dtype, "value")
-    weights = torch.linspace(0.5, 1.5, got.numel(), dtype=dtype).reshape(got.shape)
+    weights = torch.linspace(0.5, 1.5, got.numel(), dtype=dtype, device=DEVICE).reshape(got.shape)
     g_got = torch.autograd.grad((got * weights).sum(), leaves)
     g_want = torch.autograd.grad((want * weights).sum(), leaves)
     for k, (a, b) in enumerate(zip(g_got, g_want)):
@@ -232,14 +264,14 @@ def test_fused_matches_reference_sizes(size, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_fused_elementwise_prior_parameters_and_radial_noise(dtype):
-    g = torch.Generator().manual_seed(1)
-    prior = D.Normal(torch.randn(3, 17, generator=g, dtype=dtype).requires_grad_(),
-                     (0.5 + torch.rand(17, generator=g, dtype=dtype)).requires_grad_())
-    loc = torch.randn(3, 17, generator=g, dtype=dtype).requires_grad_()
-    scale = (0.2 + torch.rand(3, 1, generator=g, dtype=dtype)).requires_grad_()
+    g = torch.Generator().manual_seed(1)  # drawn on CPU, then moved
+    prior = D.Normal(torch.randn(3, 17, generator=g, dtype=dtype).to(DEVICE).requires_grad_(),
+                     (0.5 + torch.rand(17, generator=g, dtype=dtype)).to(DEVICE).requires_grad_())
+    loc = torch.randn(3, 17, generator=g, dtype=dtype).to(DEVICE).requires_grad_()
+    scale = (0.2 + torch.rand(3, 1, generator=g, dtype=dtype)).to(DEVICE).requires_grad_()
     leaves = [loc, scale, prior.loc, prior.scale]
     got = fused_log_prob_expectation(prior, loc, scale, "location_scale", 8, 5, noise="radial", event_ndims=1)
-    xi = materialize_noise("radial", (3, 17), 0, 8, 5, dtype, event_ndims=1)
+    xi = materialize_noise("radial", (3, 17), 0, 8, 5, dtype, DEVICE, event_ndims=1)
     want = log_prob_expectation_reference(prior, loc, scale, "location_scale", xi)
     assert_near(got, want, dtype, "value")
     for a, b in zip(torch.autograd.grad(got.sum(), leaves), torch.autograd.grad(want.sum(), leaves)):
@@ -247,8 +279,9 @@ def test_fused_elementwise_prior_parameters_and_radial_noise(dtype):
 
 
 def test_fused_independent_prior_sums_its_event():
-    prior = D.Independent(D.Laplace(torch.zeros(4, 5, dtype=F64), torch.ones(4, 5, dtype=F64)), 1)
-    loc, scale = torch.zeros(4, 5, dtype=F64), torch.ones(4, 5, dtype=F64)
+    prior = D.Independent(D.Laplace(torch.zeros(4, 5, dtype=F64, device=DEVICE),
+                                    torch.ones(4, 5, dtype=F64, device=DEVICE)), 1)
+    loc, scale = torch.zeros(4, 5, dtype=F64, device=DEVICE), torch.ones(4, 5, dtype=F64, device=DEVICE)
     got = fused_log_prob_expectation(prior, loc, scale, "location_scale", 4, 0)
     base = fused_log_prob_expectation(prior.base_dist, loc, scale, "location_scale", 4, 0)
     assert got.shape == (4,)
@@ -256,7 +289,9 @@ def test_fused_independent_prior_sums_its_event():
 
 
 def test_fused_bad_input():
-    loc, scale = torch.zeros(3), torch.ones(3)
+    # Every case raises while validating, before a launch; the priors built from Python floats
+    # (CPU tensors) are never compared with loc/scale's device.
+    loc, scale = torch.zeros(3, device=DEVICE), torch.ones(3, device=DEVICE)
 
     class Unregistered(D.Normal):
         def log_prob(self, value):
@@ -273,7 +308,7 @@ def test_fused_bad_input():
     with pytest.raises(ValueError, match="positive"):
         fused_log_prob_expectation(D.Gamma(2.0, 1.0), None, scale, "scaling", 4, 0, noise="normal")
     with pytest.raises(ValueError, match="prior"):
-        fused_log_prob_expectation(D.Normal(torch.zeros(4), 1.0), loc, scale, "location_scale", 4, 0)
+        fused_log_prob_expectation(D.Normal(torch.zeros(4, device=DEVICE), 1.0), loc, scale, "location_scale", 4, 0)
     with pytest.raises(ValueError, match="num_samples"):
         fused_log_prob_expectation(D.Normal(0.0, 1.0), loc, scale, "location_scale", 0, 0)
     with pytest.raises(ValueError, match="seed"):
@@ -287,23 +322,23 @@ def test_fused_bad_input():
 @pytest.mark.parametrize("B, K, block_k", [(1, 1, None), (3, 17, None), (2, 1003, None), (2, 37, 16)])
 def test_softmax_mc_matches_reference(B, K, block_k, dtype):
     M, seed = 8, 9
-    g = torch.Generator().manual_seed(B * K)
-    mean = (2 * torch.randn(B, K, generator=g, dtype=dtype)).requires_grad_()
-    std = torch.rand(B, K, generator=g, dtype=dtype).requires_grad_()
-    targets = torch.randint(0, K, (B,), generator=g)
+    g = torch.Generator().manual_seed(B * K)  # drawn on CPU, then moved
+    mean = (2 * torch.randn(B, K, generator=g, dtype=dtype)).to(DEVICE).requires_grad_()
+    std = torch.rand(B, K, generator=g, dtype=dtype).to(DEVICE).requires_grad_()
+    targets = torch.randint(0, K, (B,), generator=g).to(DEVICE)
     got = softmax_cross_entropy_mc(mean, std, targets, M, seed, block_k=block_k)
-    eps = materialize_noise("normal", (B, K), 0, M, seed, dtype)
+    eps = materialize_noise("normal", (B, K), 0, M, seed, dtype, DEVICE)
     want = softmax_cross_entropy_reference(mean, std, targets, eps)
     assert_near(got, want, dtype, "loss")
-    w = torch.linspace(0.5, 1.5, B, dtype=dtype)
+    w = torch.linspace(0.5, 1.5, B, dtype=dtype, device=DEVICE)
     for a, b in zip(torch.autograd.grad((got * w).sum(), [mean, std]),
                     torch.autograd.grad((want * w).sum(), [mean, std])):
         assert_near(a, b, dtype, "gradient")
 
 
 def test_softmax_mc_lead_dims_and_no_grad():
-    mean, std = torch.randn(2, 3, 5), torch.rand(2, 3, 5)
-    targets = torch.randint(0, 5, (2, 3))
+    mean, std = torch.randn(2, 3, 5).to(DEVICE), torch.rand(2, 3, 5).to(DEVICE)  # torch's global CPU generator
+    targets = torch.randint(0, 5, (2, 3)).to(DEVICE)
     loss = softmax_cross_entropy_mc(mean, std, targets, 4, 0)
     assert loss.shape == (2, 3) and loss.grad_fn is None
     flat = softmax_cross_entropy_mc(mean.reshape(6, 5), std.reshape(6, 5), targets.reshape(6), 4, 0)
@@ -311,32 +346,33 @@ def test_softmax_mc_lead_dims_and_no_grad():
 
 
 def test_softmax_mc_bad_input():
-    mean, std = torch.zeros(2, 3), torch.ones(2, 3)
+    mean, std = torch.zeros(2, 3, device=DEVICE), torch.ones(2, 3, device=DEVICE)
+    if DEVICE == "cpu":  # the range of class indices is checked on CPU only: on CUDA it would sync the host
+        with pytest.raises(ValueError, match="targets"):
+            softmax_cross_entropy_mc(mean, std, torch.tensor([0, 3], device=DEVICE), 4, 0)
     with pytest.raises(ValueError, match="targets"):
-        softmax_cross_entropy_mc(mean, std, torch.tensor([0, 3]), 4, 0)
-    with pytest.raises(ValueError, match="targets"):
-        softmax_cross_entropy_mc(mean, std, torch.tensor([0]), 4, 0)
+        softmax_cross_entropy_mc(mean, std, torch.tensor([0], device=DEVICE), 4, 0)
     with pytest.raises(ValueError, match="std_logits"):
-        softmax_cross_entropy_mc(mean, torch.ones(3, 3), torch.tensor([0, 1]), 4, 0)
+        softmax_cross_entropy_mc(mean, torch.ones(3, 3, device=DEVICE), torch.tensor([0, 1], device=DEVICE), 4, 0)
     with pytest.raises(ValueError, match="num_samples"):
-        softmax_cross_entropy_mc(mean, std, torch.tensor([0, 1]), 0, 0)
+        softmax_cross_entropy_mc(mean, std, torch.tensor([0, 1], device=DEVICE), 0, 0)
 
 
 # --------------------------------------------------------------------------- graph size
 
 
 def test_graph_size_independent_of_num_samples():
-    loc = torch.zeros(100, requires_grad=True)
-    scale = torch.ones(100, requires_grad=True)
-    prior = mgd.ScaleMixtureNormal(0.5, 1.0, 0.1)
+    loc = torch.zeros(100, device=DEVICE, requires_grad=True)
+    scale = torch.ones(100, device=DEVICE, requires_grad=True)
+    prior = mgd.ScaleMixtureNormal(torch.tensor(0.5, device=DEVICE), 1.0, 0.1)  # the floats follow pi's device
 
     def fused(m):
         return lambda: fused_log_prob_expectation(prior, loc, scale, "location_scale", m, 0)
 
     assert mg.graph_size(fused(1)) == mg.graph_size(fused(48))
-    mean = torch.zeros(4, 10, requires_grad=True)
-    std = torch.ones(4, 10, requires_grad=True)
-    targets = torch.zeros(4, dtype=torch.int64)
+    mean = torch.zeros(4, 10, device=DEVICE, requires_grad=True)
+    std = torch.ones(4, 10, device=DEVICE, requires_grad=True)
+    targets = torch.zeros(4, dtype=torch.int64, device=DEVICE)
 
     def softmax(m):
         return lambda: softmax_cross_entropy_mc(mean, std, targets, m, 0)
@@ -361,13 +397,17 @@ def test_triton_and_torch_backends_agree_in_distribution(name, monkeypatch):
     Each side averages P·M iid terms; the difference is ~N(0, 2σ²/(PM)) with σ² the per-sample
     variance, estimated from torch draws. Checked: |Δ| < 5 SE for the value and the loc-gradient
     (scaling forms: the scale-gradient).
+
+    The engine side is pinned to ``MCGRAPH_BACKEND=torch``: under ``auto`` CUDA tensors would
+    take the Triton backend too. On CPU, at M·P = 16 000 draws, ``auto`` picks the same
+    torch backend and stream, so the numbers there are those of ``auto``.
     """
-    monkeypatch.delenv("MCGRAPH_BACKEND", raising=False)
+    monkeypatch.setenv("MCGRAPH_BACKEND", "torch")
     factory, form, noise = PRIORS[name]
     prior = factory(F64)
     P, M = 1000, 16
-    loc = None if form == "scaling" else torch.full((P,), 0.2, dtype=F64, requires_grad=True)
-    scale = torch.full((P,), 0.6, dtype=F64, requires_grad=True)
+    loc = None if form == "scaling" else torch.full((P,), 0.2, dtype=F64, device=DEVICE, requires_grad=True)
+    scale = torch.full((P,), 0.6, dtype=F64, device=DEVICE, requires_grad=True)
     param = scale if loc is None else loc
     tri = fused_log_prob_expectation(prior, loc, scale, form, M, 123, noise=noise)
     (tri_g,) = torch.autograd.grad(tri.sum(), param)
@@ -449,6 +489,8 @@ _FRONT_END = textwrap.dedent("""
 """)
 
 
+@pytest.mark.skipif(DEVICE == "cuda", reason="MCGRAPH_KERNEL_DEVICE=cuda: this module compiles every kernel it "
+                                            "launches, which covers the front end")
 def test_kernels_pass_triton_front_end_for_cuda():
     """Every kernel × dtype × integrand × option combination lowers to Triton IR for sm_90 (no GPU needed).
 
