@@ -52,7 +52,7 @@ def build(model: str):
 def worker(rank: int, world: int, store: str, args: dict, outdir: str) -> None:
     torch.set_num_threads(args["threads"])
     import mcgraph as mg
-    from mcgraph.distributed import comm_stats, reset_comm_stats
+    from mcgraph.engine.distributed import comm_stats, reset_comm_stats
 
     group = None
     if world > 1:

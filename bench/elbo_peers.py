@@ -54,7 +54,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from mcgraph.bench.records import git_commit
+from mcgraph.apps.bench.records import git_commit
 
 SIZES = (784, 1000, 1000, 10)
 BATCH, DATASET = 32, 60_000
@@ -191,7 +191,7 @@ def build(provider: str):
 def mcgraph_grad_error(model, M: int, method: str = "chunked") -> float:
     """ρ-gradient of the data term of an mcgraph model against plain autograd on the run's noise."""
     import mcgraph.nn as mnn
-    from mcgraph.families import family_of
+    from mcgraph.engine.families import family_of
     from mcgraph.nn.context import NoiseKind, sample_run
 
     x, y = _data()

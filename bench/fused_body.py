@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from mcgraph.bench.workloads import KLCase, randn_floor
-from mcgraph.estimators import fused_body
-from mcgraph.estimators.sampling import default_chunk, stream_for
+from mcgraph.apps.bench.workloads import KLCase, randn_floor
+from mcgraph.engine.estimators import fused_body
+from mcgraph.engine.estimators.sampling import default_chunk, stream_for
 
 VARIANTS = {  # name -> (MCGRAPH_FUSED_BODY, flush denormals)
     "autograd": ("autograd", False),
@@ -58,8 +58,8 @@ def _call(case: KLCase, variant: str, M: int):
 def _breakdown(case: KLCase, M: int):
     """Drawing the noise alone, and the compiled chunk bodies alone over pre-drawn noise."""
     import mcgraph as mg
-    from mcgraph.estimators.derivatives import lower
-    from mcgraph.estimators.fused import _body_spec, FusedSpec
+    from mcgraph.engine.estimators.derivatives import lower
+    from mcgraph.engine.estimators.fused import _body_spec, FusedSpec
 
     q = case.posterior()
     form = mg.family_of(q)

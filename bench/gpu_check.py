@@ -109,8 +109,8 @@ def kernels_bench(args, out_dir: Path) -> dict:
     if args.smoke:
         cmd += ["--smoke"]
     else:
-        cmd += ["--sizes", "1000000", "10000000", "100000000", "--samples", "1", "100", "1000",
-                "--max-seconds", "0.25"]
+        cmd += ["--sizes", *map(str, args.kernel_sizes), "--samples", *map(str, args.kernel_samples),
+                "--max-seconds", str(args.kernel_max_seconds)]
     sec = run_section("kernels", cmd, args.timeout_kernels, args.smoke)
     rows = []
     if csv_path.exists():
@@ -138,10 +138,12 @@ def resnet18_step(args, out_dir: Path) -> dict:
     model, samples = ("lenet5", "1,2") if args.smoke else ("resnet18", ",".join(map(str, STEP_SAMPLES)))
     cmd = [sys.executable, "-m", "mcgraph", "bench", "--workload", "step", "--model", model, "--samples", samples,
            "--methods", "direct,grad-accum,mcgraph", "--device", "cpu" if args.smoke else "cuda",
-           "--repeats", "1" if args.smoke else "3", "--time-cap", "5" if args.smoke else "30",
+           "--repeats", "1" if args.smoke else "3", "--time-cap", "5" if args.smoke else "15",
            "--m-cap", "4" if args.smoke else "100000", "--no-plots", "--no-progress", "--out", str(bench_dir)]
     if not args.smoke:
         cmd += ["--budget", "75GB"]
+        if not args.max_m:
+            cmd += ["--no-max-m"]
     sec = run_section("resnet18_step", cmd, args.timeout_step, args.smoke)
     rows_file = bench_dir / "rows.json"
     if rows_file.exists():
@@ -277,10 +279,14 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true", help="CPU, Triton's interpreter, tiny sizes (CI)")
     p.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "results")
     p.add_argument("--sections", nargs="+", default=["kernel_tests", "kernels", "resnet18_step", "peer_mlp"])
-    p.add_argument("--timeout-tests", type=float, default=150)
-    p.add_argument("--timeout-kernels", type=float, default=100)
-    p.add_argument("--timeout-step", type=float, default=150)
+    p.add_argument("--timeout-tests", type=float, default=100)
+    p.add_argument("--timeout-kernels", type=float, default=90)
+    p.add_argument("--timeout-step", type=float, default=170)
     p.add_argument("--timeout-peer", type=float, default=60)
+    p.add_argument("--kernel-sizes", type=int, nargs="+", default=[10**6, 10**7, 10**8])
+    p.add_argument("--kernel-samples", type=int, nargs="+", default=[1, 100, 1000])
+    p.add_argument("--kernel-max-seconds", type=float, default=0.05, help="skip kernel points whose floor exceeds this")
+    p.add_argument("--no-max-m", dest="max_m", action="store_false", help="skip the step's max-M search")
     p.add_argument("--peer-mlp-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--samples", type=int, nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -301,7 +307,7 @@ def main(argv=None) -> int:
     args.date = _dt.date.today().isoformat()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(ROOT))
-    from mcgraph.bench.records import git_commit
+    from mcgraph.apps.bench.records import git_commit
 
     result = {"date": args.date, "smoke": args.smoke, "torch": torch.__version__, "triton": triton_version,
               "device": "cpu" if args.smoke else torch.cuda.get_device_name(0), "machine": platform.node(),

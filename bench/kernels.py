@@ -51,7 +51,7 @@ if "--smoke" in sys.argv:  # the interpreter must be chosen before the kernels a
 
 import torch  # noqa: E402
 
-from mcgraph.bench.records import git_commit  # noqa: E402
+from mcgraph.apps.bench.records import git_commit  # noqa: E402
 
 SIZES = (10**6, 10**7, 10**8)
 SAMPLES = (1, 100, 1000, 10_000)

@@ -30,7 +30,7 @@ import time
 import torch
 
 import mcgraph as mg
-from mcgraph.bench.records import git_commit
+from mcgraph.apps.bench.records import git_commit
 
 
 

@@ -12,7 +12,7 @@ the M samples in the same loop, so an M × P noise tensor never exists.
 Importing this package imports nothing heavy: names resolve lazily, and only
 the Triton modules import Triton, so ``mcgraph.kernels.reference`` (pure torch)
 works without it. On CPU tensors the kernels need ``TRITON_INTERPRET=1`` set
-before they are first imported. :mod:`mcgraph.backend` decides when they run.
+before they are first imported. :mod:`mcgraph.engine.backend` decides when they run.
 """
 
 from __future__ import annotations

@@ -306,7 +306,7 @@ def materialize_noise(noise: str, shape, start: int, stop: int, seed: int, dtype
 
 
 class TritonNoiseStream:
-    """Rows of the Triton stream with the interface of :class:`mcgraph.noise.BlockStream`.
+    """Rows of the Triton stream with the interface of :class:`mcgraph.engine.noise.BlockStream`.
 
     The engine's direct, chunked and torch-fused estimators read rows through
     this object on the Triton backend, so that they consume the same ξ as the

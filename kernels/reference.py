@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 from torch.autograd.function import once_differentiable
 
-from mcgraph.noise import BlockStream, resolve_seed, rows_per_block
+from mcgraph.engine.noise import BlockStream, resolve_seed, rows_per_block
 
 
 # --------------------------------------------------------------------------- references on given noise

@@ -4,22 +4,32 @@ graph does not grow with the number of samples.
 >>> import mcgraph as mg   # mg.expectation, mg.kl_divergence, mg.explain, mg.graph_size
 """
 
-from . import distributions, metrics, models, plan_cache
-from .api import expectation, explain, kl_divergence, set_validate_args
-from .diagnostics import GraphSize, graph_size
-from .families import FAMILIES, GenericForm, SamplingForm, family_of, register_family
-from .integrands import register_integrand, trace
-from .stderr import MCEstimate, required_samples
-from .tuples import Plan, TermPlan, Tier, classify
+from . import distributions, metrics, models
+from .engine import plan_cache
+from .engine.api import expectation, explain, kl_divergence, set_validate_args
+from .engine.graph_size import GraphSize, graph_size
+from .engine.families import FAMILIES, GenericForm, SamplingForm, family_of, register_family
+from .engine.trace import register_integrand, trace
+from .engine.stderr import MCEstimate, required_samples
+from .engine.tuples import Plan, TermPlan, Tier, classify
 
 from . import nn  # noqa: E402  (the layers build on the functional API above)
 from . import optim  # noqa: E402  (the optimizers build on mcgraph.nn)
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    # ``mg.interop`` without ``import mcgraph.interop``: loaded on first use, importing no peer library
+    if name == "interop":
+        import importlib
+
+        return importlib.import_module(".interop", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 __all__ = [
     "FAMILIES", "GenericForm", "GraphSize", "MCEstimate", "Plan", "SamplingForm", "TermPlan", "Tier",
     "classify", "distributions", "expectation", "explain", "family_of", "graph_size", "kl_divergence",
-    "metrics", "models", "nn", "optim", "plan_cache", "register_family", "register_integrand",
+    "interop", "metrics", "models", "nn", "optim", "plan_cache", "register_family", "register_integrand",
     "required_samples", "set_validate_args", "trace",
 ]

@@ -7,7 +7,7 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"bench": "mcgraph.bench.cli", "train": "mcgraph.train"}
+    commands = {"bench": "mcgraph.apps.bench.cli", "train": "mcgraph.apps.train"}
     if not argv or argv[0] not in commands:
         print(f"usage: mcgraph {{{','.join(commands)}}} [options]   (mcgraph COMMAND --help)", file=sys.stderr)
         return 2

@@ -48,6 +48,7 @@ __all__ = [
     "expected_entropy",
     "mutual_information",
     "nll",
+    "prediction_metrics",
     "predictive_entropy",
     "reliability_diagram",
     "set_validate_args",
@@ -652,3 +653,15 @@ def confidence_set_curves(
     first = torch.searchsorted(conf_sorted, thresholds.to(probs.dtype).contiguous(), right=False)
     in_set = (n - first).to(probs.dtype)
     return ConfidenceSetCurves(tail[first].to(probs.dtype) / in_set, in_set / n)
+
+
+def prediction_metrics(probs: torch.Tensor, y: torch.Tensor) -> dict:
+    """Accuracy, NLL, ECE (15 bins), Brier score, mean predictive entropy and the count of ``probs`` ``(N, K)``."""
+    return {
+        "accuracy": float(accuracy(probs, y)),
+        "nll": float(nll(probs, y)),
+        "ece": float(ece(probs, y, num_bins=15)),
+        "brier": float(brier(probs, y)),
+        "entropy": float(predictive_entropy(probs).mean()),
+        "examples": int(y.shape[0]),
+    }

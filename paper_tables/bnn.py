@@ -1,11 +1,11 @@
 """The Bayesian networks of Figs. 1, 2 (right) and 6: ``bayesify(get_model(name))`` and its loss pieces.
 
 The loss of one training step is the bench's ``step`` workload
-(:mod:`mcgraph.bench.step`): a 1-sample data term plus an M-sample KL over every
+(:mod:`mcgraph.apps.bench.step`): a 1-sample data term plus an M-sample KL over every
 Bayesian layer, divided by the dataset size N. The KL is computed
 
 * ``direct``: per layer ``−H(q) − (1/M) Σ_i log p(w_i)`` by the paper's per-sample loop
-  (Fig. 4a; ``mcgraph.estimators.direct_loop_value``), the graph holding all M samples;
+  (Fig. 4a; ``mcgraph.engine.estimators.direct_loop_value``), the graph holding all M samples;
 * ``mcgraph``: ``mg.nn.kl(model, M)`` (collapsed/fused/chunked; graph independent of M).
 
 Layer ``l`` draws its KL noise from ``mix_seed(kl_seed, l)`` in both, as ``mg.nn.kl`` does.
@@ -19,7 +19,7 @@ import torch
 
 import mcgraph as mg
 from mcgraph.models import get_model
-from mcgraph.noise import mix_seed
+from mcgraph.engine.noise import mix_seed
 
 #: The architectures of the paper's Fig. 2 (right), 1 and 6, in the paper's order.
 ARCHITECTURES = ("densenet121", "densenet161", "densenet169", "densenet201", "resnet18", "resnet34", "resnet50",
@@ -100,7 +100,7 @@ def kl(b: BNN, method: str, num_samples: int, kl_seed: int) -> torch.Tensor:
         return mnn.kl(b.net, num_samples, seed=kl_seed)
     if method != "direct":
         raise ValueError(f"method must be 'direct' or 'mcgraph', got {method!r}")
-    from mcgraph.estimators import direct_loop_value
+    from mcgraph.engine.estimators import direct_loop_value
 
     total = 0
     for i, layer in enumerate(mnn.bayesian_modules(b.net)):

@@ -1,8 +1,8 @@
 """Fig. 1 and Fig. 6: per-architecture memory and time of one training step, direct vs
 gradient accumulation vs mcgraph.
 
-Runs the benchmark harness (``mcgraph.bench.CaseRunner``) on its ``step`` workload
-(``mcgraph.bench.step.StepCase``): one ELBO step of the Bayesian network (Radial posterior,
+Runs the benchmark harness (``mcgraph.apps.bench.CaseRunner``) on its ``step`` workload
+(``mcgraph.apps.bench.step.StepCase``): one ELBO step of the Bayesian network (Radial posterior,
 Normal prior; 1-sample data term, M-sample KL), forward + backward, for
 
 * ``direct`` — the KL by the paper's per-sample loop (one graph over all M samples);
@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import mcgraph as mg
-from mcgraph.noise import mix_seed
+from mcgraph.engine.noise import mix_seed
 
 from . import bnn
 from .common import TargetResult, fmt_bytes, fmt_params, load_result, log, md_table, timed, write_target
@@ -56,10 +56,10 @@ def _settings(quick: bool) -> dict:
 
 def _bench():
     try:
-        from mcgraph.bench import CaseRunner, Settings
-        from mcgraph.bench.step import StepCase
+        from mcgraph.apps.bench import CaseRunner, Settings
+        from mcgraph.apps.bench.step import StepCase
     except Exception as e:  # noqa: BLE001 — reported as a reduced target
-        raise bnn.MissingAPI(f"mcgraph.bench (CaseRunner, Settings, step.StepCase) not importable: "
+        raise bnn.MissingAPI(f"mcgraph.apps.bench (CaseRunner, Settings, step.StepCase) not importable: "
                              f"{type(e).__name__}: {e}") from e
     return CaseRunner, Settings, StepCase
 

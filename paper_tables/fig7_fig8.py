@@ -1,7 +1,7 @@
 """Fig. 7, Fig. 8 and Table 2: confidence-set accuracy and size vs the confidence threshold.
 
 A Bayesian LeNet-5 (Radial posterior, Normal prior on every conv/linear weight) is trained
-with ``mcgraph.train`` (``-mg.nn.elbo``: 1-sample data term, M-sample KL through the engine)
+with ``mcgraph.apps.train`` (``-mg.nn.elbo``: 1-sample data term, M-sample KL through the engine)
 for each M of the arms and each of ≥ 3 seeds; the predictive distribution on the test set
 (``mg.nn.predict``, 100 weight samples for every arm; 20 in ``--quick``) gives, per threshold τ,
 
@@ -69,9 +69,9 @@ def _small_n(s: dict) -> dict | None:
 
 def _train_api():
     try:
-        from mcgraph.train import build_model, build_parser, train
+        from mcgraph.apps.train import build_model, build_parser, train
     except Exception as e:  # noqa: BLE001 — reported as a reduced target
-        raise bnn.MissingAPI(f"mcgraph.train not importable ({type(e).__name__}: {e})") from e
+        raise bnn.MissingAPI(f"mcgraph.apps.train not importable ({type(e).__name__}: {e})") from e
     return build_parser, build_model, train
 
 
@@ -92,10 +92,10 @@ def _key(s: dict, M: int, seed: int) -> str:
 
 
 def train_and_evaluate(s: dict, M: int, seed: int, runs_dir: Path) -> dict:
-    """Train one arm/seed with ``mcgraph.train`` and compute its confidence-set curves (cached)."""
+    """Train one arm/seed with ``mcgraph.apps.train`` and compute its confidence-set curves (cached)."""
     build_parser, build_model, train = _train_api()
     import mcgraph.nn as mnn
-    from mcgraph.data import load_dataset
+    from mcgraph.apps.data import load_dataset
     from mcgraph.metrics import confidence_set_curves
 
     prefix = f"N{s['limit_train']}-" if s["limit_train"] else ""
@@ -156,7 +156,7 @@ def gradient_noise(s: dict, seed: int, replicates: int = 16, kl_arms=(1, 100)) -
     """
     build_parser, build_model, _ = _train_api()
     import mcgraph.nn as mnn
-    from mcgraph.data import load_dataset
+    from mcgraph.apps.data import load_dataset
 
     torch.manual_seed(seed)
     args = build_parser().parse_args(_argv(s, 1, seed, Path(".")))
@@ -250,7 +250,7 @@ def run(out_dir, quick: bool = False, seed: int = 0) -> dict:
                    "gradient_noise": noise}
     n_train = runs[0]["train_examples"] if runs else "?"
     n_test = runs[0]["test_examples"] if runs else "?"
-    result.scale = (f"Bayesian LeNet-5 (Radial q, Normal(0,1) prior, mcgraph.train defaults: Adam lr 1e-3, ρ₀ = −5, "
+    result.scale = (f"Bayesian LeNet-5 (Radial q, Normal(0,1) prior, mcgraph.apps.train defaults: Adam lr 1e-3, ρ₀ = −5, "
                     f"KL weight 1) on {s['dataset']} ({n_train} training / {n_test} test examples), "
                     f"{s['epochs']} epoch(s), batch {s['batch']}, M (KL samples per step) ∈ {s['arms']}, "
                     f"seeds {seeds}; predictive distribution from {s['predict']} weight samples for every arm. "

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import mcgraph.nn as mnn
-from mcgraph.data import load_dataset
+from mcgraph.apps.data import load_dataset
 from mcgraph.models import get_model
 
 from .vogn_table import score

@@ -200,7 +200,7 @@ def regression_run(example: int, estep: str, r: dict, seed: int) -> dict:
 
 def _classifier(c: dict, seed: int) -> nn.Module:
     from mcgraph.models import get_model
-    from mcgraph.train import mlp
+    from mcgraph.apps.train import mlp
 
     torch.manual_seed(seed)
     return mlp(10, 64, (c["hidden"],)) if c["model"] == "mlp" else get_model(c["model"], num_classes=10)
@@ -232,7 +232,7 @@ def _magnitude_prune(model: nn.Module, layer_sparsity: dict) -> nn.Module:
 
 def classifier_runs(c: dict, seed: int) -> list[dict]:
     """Dense SGHMC (the magnitude-pruning baseline), then EM pruning at each spike decay; accuracy and sparsity."""
-    from mcgraph.data import load_dataset
+    from mcgraph.apps.data import load_dataset
     from mcgraph.optim import SpikeSlabEM, shrink
 
     ds = load_dataset(c["dataset"], seed=seed)

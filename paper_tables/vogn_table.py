@@ -88,7 +88,7 @@ def _with_dropout(model: nn.Module, p: float) -> nn.Module:
 
 def _network(s: dict, seed: int, dropout: float | None = None) -> nn.Module:
     from mcgraph.models import get_model
-    from mcgraph.train import mlp
+    from mcgraph.apps.train import mlp
 
     torch.manual_seed(seed)
     model = mlp(10, 64, (s["hidden"],)) if s["model"] == "mlp" else get_model(s["model"], num_classes=10)
@@ -96,7 +96,7 @@ def _network(s: dict, seed: int, dropout: float | None = None) -> nn.Module:
 
 
 def _data(s: dict, seed: int):
-    from mcgraph.data import load_dataset
+    from mcgraph.apps.data import load_dataset
 
     return load_dataset(s["dataset"], seed=seed)
 

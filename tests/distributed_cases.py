@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import mcgraph as mg
-from mcgraph.distributed import SampleParallelError
+from mcgraph.engine.distributed import SampleParallelError
 
 #: Seconds a collective may wait before gloo gives up (a hang fails the test instead of blocking it).
 TIMEOUT_S = 60

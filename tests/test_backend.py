@@ -1,4 +1,4 @@
-"""The backend decision (mcgraph.backend) and the engine hooks it offers.
+"""The backend decision (mcgraph.engine.backend) and the engine hooks it offers.
 
 * ``backend_for``: device, Triton availability, the ``MCGRAPH_BACKEND`` override (read per call),
   clear errors; importing mcgraph imports neither Triton nor the kernels and touches no GPU.
@@ -21,7 +21,7 @@ import torch  # noqa: E402
 from torch import distributions as D  # noqa: E402
 
 import mcgraph as mg  # noqa: E402
-from mcgraph import backend  # noqa: E402
+from mcgraph.engine import backend  # noqa: E402
 from mcgraph import distributions as mgd  # noqa: E402
 
 F64 = torch.float64
@@ -86,7 +86,7 @@ def test_bad_override_and_impossible_requests(monkeypatch):
 def test_importing_mcgraph_probes_nothing():
     code = ("import sys, os, torch\n"
             "os.environ['MCGRAPH_BACKEND'] = 'bogus'\n"  # read at call time only: import must not fail
-            "import mcgraph, mcgraph.backend, mcgraph.kernels, mcgraph.kernels.reference\n"
+            "import mcgraph, mcgraph.engine.backend, mcgraph.kernels, mcgraph.kernels.reference\n"
             "assert 'triton' not in sys.modules, 'triton imported'\n"
             "assert not any(m.startswith('mcgraph.kernels.') and m != 'mcgraph.kernels.reference'\n"
             "               for m in sys.modules), 'kernels imported'\n"
@@ -132,8 +132,8 @@ def triton_backend(monkeypatch):
     if not utils.INTERPRETED:  # pragma: no cover
         pytest.skip("mcgraph.kernels was imported without TRITON_INTERPRET=1 in this process")
     monkeypatch.setenv(backend.ENV_VAR, "triton")
-    import mcgraph.api as api
-    from mcgraph.estimators import chunked, collapsed, direct, fused, sampling
+    import mcgraph.engine.api as api
+    from mcgraph.engine.estimators import chunked, collapsed, direct, fused, sampling
 
     original = sampling.stream_for
 

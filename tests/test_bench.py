@@ -1,4 +1,4 @@
-"""Tests of the benchmark harness (``mcgraph.bench``): rows and files, refusal of wrong answers,
+"""Tests of the benchmark harness (``mcgraph.apps.bench``): rows and files, refusal of wrong answers,
 prediction-based skipping, the max-M search. Fast: tiny sizes, synthetic cases."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import os
 import pytest
 import torch
 
-from mcgraph.bench import cli
-from mcgraph.bench.__main__ import _argv
-from mcgraph.bench.agreement import Outcome, check_equal, check_same_law
-from mcgraph.bench.harness import CaseRunner, Settings
-from mcgraph.bench.measure import LinearFit, Probe, max_feasible_m, parse_bytes, parse_count
-from mcgraph.bench.records import COLUMNS, read_json
-from mcgraph.bench.report import check_targets, text_report
-from mcgraph.bench.workloads import (ALL_METHODS, KL_PAIRS, Case, KLCase, LastLayerCase, NotApplicable, RunOut)
+from mcgraph.apps.bench import cli
+from mcgraph.apps.bench.__main__ import _argv
+from mcgraph.apps.bench.agreement import Outcome, check_equal, check_same_law
+from mcgraph.apps.bench.harness import CaseRunner, Settings
+from mcgraph.apps.bench.measure import LinearFit, Probe, max_feasible_m, parse_bytes, parse_count
+from mcgraph.apps.bench.records import COLUMNS, read_json
+from mcgraph.apps.bench.report import check_targets, text_report
+from mcgraph.apps.bench.workloads import (ALL_METHODS, KL_PAIRS, Case, KLCase, LastLayerCase, NotApplicable, RunOut)
 
 
 @pytest.fixture(autouse=True)
@@ -289,7 +289,7 @@ def test_linear_fit_and_parsers():
 
 
 def test_peak_rss_of_a_fresh_subprocess():
-    from mcgraph.bench.point import run_in_subprocess
+    from mcgraph.apps.bench.point import run_in_subprocess
 
     rep = run_in_subprocess(KLCase("normal-normal", 256).spec(), "direct", 10, 0, timeout=120)
     assert rep["peak"] >= rep["base"] > 0 and math.isfinite(rep["value"])
@@ -299,7 +299,7 @@ def test_peak_rss_of_a_fresh_subprocess():
 
 
 def test_step_workload_is_skipped_with_a_clear_row_without_mcgraph_nn(monkeypatch, tmp_path, capsys):
-    import mcgraph.bench.step as step
+    import mcgraph.apps.bench.step as step
 
     monkeypatch.setattr(step, "nn_available", lambda: "mcgraph.nn not available (ImportError: test)")
     rc = cli.main(["--workload", "step", "--model", "lenet5", "--no-progress", "--no-max-m", "--out", str(tmp_path)])
@@ -309,7 +309,7 @@ def test_step_workload_is_skipped_with_a_clear_row_without_mcgraph_nn(monkeypatc
 
 
 def test_step_case_methods_agree_on_a_small_network():
-    step = pytest.importorskip("mcgraph.bench.step")
+    step = pytest.importorskip("mcgraph.apps.bench.step")
     if step.nn_available() is not None:
         pytest.skip(step.nn_available())
     case = step.StepCase("lenet5", batch=4, input_size=16)
@@ -333,7 +333,7 @@ def test_bench_without_matplotlib_writes_everything_else(tmp_path):
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shim), str(Path(__file__).resolve().parents[1])]))
     code = ("import sys\ntry:\n    import matplotlib\nexcept ImportError:\n    pass\nelse:\n    sys.exit(3)\n"
-            "from mcgraph.bench.cli import main\n"
+            "from mcgraph.apps.bench.cli import main\n"
             f"sys.exit(main(['--quick', '--params', '64', '--samples', '1,10', '--model', 'normal-normal', "
             f"'--methods', 'direct,collapsed', '--no-max-m', '--repeats', '1', '--no-progress', '--out', {str(out)!r}]))")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)

@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 
 import distributed_cases as cases
 import mcgraph as mg
-from mcgraph.distributed import owned_range
+from mcgraph.engine.distributed import owned_range
 
 #: rtol of the comparison with the single-process result per dtype (the issue's contract).
 RTOL = {"float64": 1e-9, "float32": 2e-4}

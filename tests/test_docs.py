@@ -5,30 +5,30 @@ import importlib
 
 import pytest
 
-MODULES = ["mcgraph.api", "mcgraph.diagnostics", "mcgraph.metrics", "mcgraph.distributions.radial",
+MODULES = ["mcgraph.engine.api", "mcgraph.engine.graph_size", "mcgraph.metrics", "mcgraph.distributions.radial",
            "mcgraph.distributions.scale_mixture", "mcgraph.distributions.log_uniform",
            "mcgraph.distributions.logistic", "mcgraph.distributions.rayleigh", "mcgraph.distributions.horseshoe",
-           "mcgraph.models.registry", "mcgraph.backend", "mcgraph.kernels.reference", "mcgraph.nn.layers",
-           "mcgraph.nn.convert", "mcgraph.nn.variational", "mcgraph.nn.prediction", "mcgraph.nn.likelihood",
+           "mcgraph.models.zoo", "mcgraph.engine.backend", "mcgraph.kernels.reference", "mcgraph.nn.layers",
+           "mcgraph.nn.bayesify", "mcgraph.nn.network_kl", "mcgraph.nn.variational", "mcgraph.nn.prediction", "mcgraph.nn.likelihood",
            "mcgraph.nn.scales", "mcgraph.optim.per_example", "mcgraph.optim.gaussian", "mcgraph.optim.vogn",
            "mcgraph.optim.adaptive_vb", "mcgraph.optim.sghmc", "mcgraph.optim.schedules", "mcgraph.optim.snapshots",
-           "mcgraph.optim.spike_slab", "mcgraph.optim.shrink", "mcgraph.distributed", "mcgraph.launch",
+           "mcgraph.optim.spike_slab", "mcgraph.optim.shrink", "mcgraph.engine.distributed", "mcgraph.apps.launch",
            "mcgraph.nn.sparse_vd", "mcgraph.nn.ard",
            "mcgraph.nn.layer_kl", "mcgraph.nn.masks", "mcgraph.nn.pruning", "mcgraph.nn.mc_dropout",
            "mcgraph.models.lenet", "mcgraph.models.lenet_sparse"]
 
 
 # Modules whose examples use a peer library (`make interop` installs them): skipped without it.
-NEEDS = {"mcgraph.interop": "blitz", "mcgraph.interop.registry": "bayesian_torch",
+NEEDS = {"mcgraph.interop": "blitz", "mcgraph.interop.sites": "bayesian_torch",
          "mcgraph.interop.divergence": "bayesian_torch", "mcgraph.interop.backward": "bayesian_torch",
          "mcgraph.interop.convert": "blitz", "mcgraph.interop.bayesian_torch": "bayesian_torch",
          "mcgraph.interop.blitz": "blitz", "mcgraph.interop.torchbnn": "torchbnn", "mcgraph.interop.pyro": "pyro",
          "mcgraph.interop.tyxe": "tyxe"}
-MODULES += ["mcgraph.interop.priors", "mcgraph.stderr", "mcgraph.moments", "mcgraph.estimators.derivatives",
-            "mcgraph.estimators.fused_body"]
-MODULES += ["mcgraph.cpu_philox"]  # its example builds the library (about a second, once per machine)
-MODULES += ["mcgraph.plan_cache"]
-MODULES += ["mcgraph.noise"]
+MODULES += ["mcgraph.interop.foreign_priors", "mcgraph.engine.stderr", "mcgraph.engine.moments", "mcgraph.engine.estimators.derivatives",
+            "mcgraph.engine.estimators.fused_body"]
+MODULES += ["mcgraph.engine.cpu_philox"]  # its example builds the library (about a second, once per machine)
+MODULES += ["mcgraph.engine.plan_cache"]
+MODULES += ["mcgraph.engine.noise"]
 
 
 @pytest.mark.parametrize("name", MODULES + sorted(NEEDS))

@@ -18,8 +18,8 @@ from torch import distributions as D
 
 import mcgraph as mg
 from mcgraph.distributions import ScaleMixtureNormal
-from mcgraph.estimators import derivatives, fused_body
-from mcgraph.estimators.sampling import samples, stream_for
+from mcgraph.engine.estimators import derivatives, fused_body
+from mcgraph.engine.estimators.sampling import samples, stream_for
 
 from same_noise_tolerances import TOLERANCES, assert_same
 

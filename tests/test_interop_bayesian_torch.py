@@ -193,7 +193,7 @@ def test_to_mcgraph_shares_parameters_and_buffers_and_keeps_the_original():
     assert {id(p) for p in bnn.parameters()} == params
     assert bnn[0].weight_mu is model[0].mu_kernel and bnn[0].bias_rho is model[0].rho_bias
     assert bnn[2].weight_rho is model[2].rho_kernel and bnn[4].weight_mu is model[4].mu_weight
-    assert isinstance(bnn[0].prior_spec, interop.priors.NormalPrior)  # constant buffers: a scalar prior
+    assert isinstance(bnn[0].prior_spec, interop.foreign_priors.NormalPrior)  # constant buffers: a scalar prior
     assert isinstance(bnn[2], mg.nn.BayesConvTranspose) and bnn[0].kl_samples == 16
     # One optimizer step on the converted model moves the original's Parameters.
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

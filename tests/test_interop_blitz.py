@@ -163,7 +163,7 @@ def test_converted_elbo_gradients_match_the_per_sample_reference():
     model = mlp()
     x, y = torch.randn(6, 5, dtype=torch.float64), torch.randint(0, 3, (6,))
     bnn = ibz.to_mcgraph(model, prior_floor=1e-6)
-    assert isinstance(bnn[0].prior, interop.priors.FlooredDensity)
+    assert isinstance(bnn[0].prior, interop.foreign_priors.FlooredDensity)
     assert_data_term_gradients_match(bnn, [model[0].weight_sampler.rho, model[2].bias_sampler.rho,
                                            model[0].weight_sampler.mu], x, y, num_samples=M, seed=3, chunk_size=2)
 

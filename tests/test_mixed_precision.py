@@ -13,7 +13,7 @@ import torch
 
 import mcgraph as mg
 import mcgraph.nn as mnn
-from mcgraph.estimators.collapsed import statistics
+from mcgraph.engine.estimators.collapsed import statistics
 
 BF16 = dict(device_type="cpu", dtype=torch.bfloat16)
 

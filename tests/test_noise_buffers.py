@@ -14,8 +14,8 @@ import gc
 import pytest
 import torch
 
-from mcgraph import noise as nz
-from mcgraph.noise import BlockStream, Workspace, mix_seed, seeded
+from mcgraph.engine import noise as nz
+from mcgraph.engine.noise import BlockStream, Workspace, mix_seed, seeded
 
 
 # --------------------------------------------------------------------------- reference samplers

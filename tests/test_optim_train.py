@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from mcgraph import train as mtrain
+from mcgraph.apps import train as mtrain
 
 HAS_SKLEARN = importlib.util.find_spec("sklearn") is not None
 pytestmark = pytest.mark.skipif(not HAS_SKLEARN, reason="scikit-learn not installed")

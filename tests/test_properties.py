@@ -38,9 +38,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
 import mcgraph as mg
-import mcgraph.api as api
-from mcgraph.estimators.sampling import samples, stream_for
-from mcgraph.integrands import is_discrete
+import mcgraph.engine.api as api
+from mcgraph.engine.estimators.sampling import samples, stream_for
+from mcgraph.engine.trace import is_discrete
 from mcgraph import distributions as mgd
 
 from families_table import FAMILY_FACTORIES, is_positive

@@ -244,7 +244,7 @@ def test_sparse_vd_on_digits_accuracy_and_compression():
     """CI check: LeNet-300-100 with Sparse VD on scikit-learn's digits, ≥ 90 % test accuracy at ≥ 5× compression
     in under a minute of this process's CPU time (≈ 14 s on an idle core; CPU time, not wall time, so that a
     loaded machine does not fail it)."""
-    from mcgraph.data import load_dataset
+    from mcgraph.apps.data import load_dataset
 
     start = time.process_time()
     torch.manual_seed(0)
@@ -346,7 +346,7 @@ def test_models_width_and_sparsification_networks():
 
 
 def test_train_cli_takes_the_sparse_vd_defaults():
-    from mcgraph.train import build_model, build_parser
+    from mcgraph.apps.train import build_model, build_parser
 
     args = build_parser().parse_args(["--model", "lenet300_100", "--dataset", "digits", "--posterior", "sparse_vd"])
     layer = mg.nn.bayesian_modules(build_model(args, (1, 28, 28), 10))[0]

@@ -20,7 +20,7 @@ from torch.distributions import Gamma, Normal, Laplace, ExpTransform, Transforme
 
 import mcgraph as mg
 import mcgraph.nn as mnn
-from mcgraph.stderr import SampleMoments, per_sample_moments
+from mcgraph.engine.stderr import SampleMoments, per_sample_moments
 
 R = 400
 P = 48
@@ -86,7 +86,7 @@ def test_covariance_between_terms_is_accounted_for():
 
 
 def _rows(q, seed, M):
-    from mcgraph.estimators.sampling import stream_for
+    from mcgraph.engine.estimators.sampling import stream_for
 
     return stream_for(mg.family_of(q), seed, M).rows(0, M)
 
@@ -222,7 +222,7 @@ def test_elbo_terms_report_stderr_of_both_terms():
     parts = []
     for i, layer in enumerate(mnn.bayesian_modules(net)):
         e = mg.kl_divergence(layer.posterior, layer.prior, layer.kl_samples,
-                             seed=mg.noise.mix_seed(7, i), return_stderr=True)
+                             seed=mg.engine.noise.mix_seed(7, i), return_stderr=True)
         parts.append(e.stderr.square().sum())
     torch.testing.assert_close(se, torch.stack(parts).sum().sqrt())
     torch.testing.assert_close(kl, mnn.kl(net, seed=7))

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import mcgraph.nn as mnn
-from mcgraph import data as mdata
-from mcgraph import train as mtrain
+from mcgraph.apps import data as mdata
+from mcgraph.apps import train as mtrain
 from mcgraph.__main__ import main as cli_main
 
 HAS_SKLEARN = importlib.util.find_spec("sklearn") is not None

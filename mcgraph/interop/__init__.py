@@ -38,7 +38,7 @@ import importlib.util
 
 from .backward import elbo_backward
 from .divergence import KL_METHODS, kl, site_kl
-from .registry import ADAPTERS, LibraryAdapter, VariationalSite, load_adapters, register_adapter, sites
+from .sites import ADAPTERS, LibraryAdapter, VariationalSite, load_adapters, register_adapter, sites
 
 __all__ = ["ADAPTERS", "KL_METHODS", "LibraryAdapter", "VariationalSite", "elbo_backward", "kl", "load_adapters",
            "register_adapter", "site_kl", "sites"]

@@ -50,9 +50,9 @@ from torch.distributions import Normal
 
 from ..nn.scales import scale_transform
 from . import convert, divergence
-from .priors import BufferNormalPrior, NormalPrior
-from .registry import LibraryAdapter, VariationalSite, class_names, parameter, qualified, register_adapter, site_name
-from .registry import sites as _sites
+from .foreign_priors import BufferNormalPrior, NormalPrior
+from .sites import LibraryAdapter, VariationalSite, class_names, parameter, qualified, register_adapter, site_name
+from .sites import sites as _sites
 
 __all__ = ["BayesianTorchAdapter", "sites", "kl", "to_mcgraph"]
 

@@ -39,9 +39,9 @@ from torch.distributions import Distribution
 
 from ..nn.scales import scale_transform
 from . import convert, divergence
-from .priors import FlooredDensity, MixturePrior, mixture
-from .registry import LibraryAdapter, VariationalSite, class_names, parameter, qualified, register_adapter, site_name
-from .registry import sites as _sites
+from .foreign_priors import FlooredDensity, MixturePrior, mixture
+from .sites import LibraryAdapter, VariationalSite, class_names, parameter, qualified, register_adapter, site_name
+from .sites import sites as _sites
 
 __all__ = ["BlitzAdapter", "sites", "kl", "to_mcgraph"]
 

@@ -37,7 +37,7 @@ import numbers
 from torch import nn
 
 from ..nn.layers import BayesConv, BayesConvTranspose, BayesLayer, BayesLinear, SampleMode
-from .registry import LibraryAdapter, VariationalSite, foreign_layers
+from .sites import LibraryAdapter, VariationalSite, foreign_layers
 
 __all__ = ["to_mcgraph", "share", "structural_copy", "mcgraph_layer", "LAYER_KINDS"]
 

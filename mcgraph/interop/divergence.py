@@ -33,11 +33,11 @@ import torch
 from torch import nn
 from torch.distributions import Distribution
 
-from ..api import kl_divergence
-from ..distributed import sharded
-from ..noise import mix_seed, resolve_seed
-from ..tuples import METHODS
-from .registry import VariationalSite, foreign_layers
+from ..engine.api import kl_divergence
+from ..engine.distributed import sharded
+from ..engine.noise import mix_seed, resolve_seed
+from ..engine.tuples import METHODS
+from .sites import VariationalSite, foreign_layers
 
 __all__ = ["site_kl", "sites_kl", "kl", "KL_METHODS"]
 
@@ -120,7 +120,7 @@ def kl(model: nn.Module, num_samples: int, *, seed: int | None = None, method: s
         reduction: ``"sum"`` (the KL) or a native reduction of the model's library.
         library: require this library's layers (``None``: whichever the model uses).
         process_group: ``None``, or a ``torch.distributed`` group whose ranks split every
-            Monte Carlo site's samples; each rank gets the full KL (:mod:`mcgraph.distributed`).
+            Monte Carlo site's samples; each rank gets the full KL (:mod:`mcgraph.engine.distributed`).
         **options: the library's site options (``prior_floor`` for blitz); only with ``library``.
 
     Raises:

@@ -41,11 +41,11 @@ import torch
 from torch.distributions import Distribution, Independent, TransformedDistribution
 from torch.distributions.transforms import ComposeTransform, IndependentTransform
 
-from ..api import kl_divergence
-from ..noise import mix_seed, resolve_seed
-from ..tuples import METHODS
+from ..engine.api import kl_divergence
+from ..engine.noise import mix_seed, resolve_seed
+from ..engine.tuples import METHODS
 from . import divergence
-from .registry import require
+from .sites import require
 
 __all__ = ["MeanFieldELBO", "site_kl", "register_mc_kl"]
 
@@ -211,7 +211,7 @@ def register_mc_kl(q_type: type, p_type: type, num_samples: int, *, method: str 
     Args:
         q_type, p_type: ``Distribution`` subclasses.
         num_samples: M.
-        method: the engine's method (:data:`mcgraph.tuples.METHODS`).
+        method: the engine's method (:data:`mcgraph.engine.tuples.METHODS`).
 
     Returns:
         The registered function.

@@ -36,9 +36,9 @@ from torch.distributions import Categorical, Distribution, MixtureSameFamily, No
 
 from ..nn.scales import scale_transform
 from . import convert, divergence
-from .priors import MixturePrior, mixture
-from .registry import LibraryAdapter, VariationalSite, class_names, parameter, qualified, register_adapter, site_name
-from .registry import sites as _sites
+from .foreign_priors import MixturePrior, mixture
+from .sites import LibraryAdapter, VariationalSite, class_names, parameter, qualified, register_adapter, site_name
+from .sites import sites as _sites
 
 __all__ = ["TorchUncertaintyAdapter", "sites", "kl", "to_mcgraph"]
 

@@ -32,9 +32,9 @@ from torch import nn
 
 from ..nn.scales import scale_transform
 from . import convert, divergence
-from .priors import NormalPrior
-from .registry import LibraryAdapter, VariationalSite, class_names, parameter, qualified, register_adapter, site_name
-from .registry import sites as _sites
+from .foreign_priors import NormalPrior
+from .sites import LibraryAdapter, VariationalSite, class_names, parameter, qualified, register_adapter, site_name
+from .sites import sites as _sites
 
 __all__ = ["TorchbnnAdapter", "KLLoss", "sites", "kl", "to_mcgraph"]
 

@@ -28,7 +28,7 @@ from typing import Callable
 
 from torch import nn
 
-from .registry import require
+from .sites import require
 
 __all__ = ["fit"]
 

@@ -17,7 +17,7 @@ from .alexnet import AlexNet, alexnet
 from .densenet import DenseNet, densenet121, densenet161, densenet169, densenet201
 from .lenet import LeNet5, lenet5
 from .lenet_sparse import LeNet5Caffe, LeNet300100, lenet5_caffe, lenet300_100
-from .registry import MODELS, get_model, register_model
+from .zoo import MODELS, get_model, register_model
 from .resnet import (
     BasicBlock,
     Bottleneck,

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ._common import check_positive_int, scaled
-from .registry import register_model
+from .zoo import register_model
 
 __all__ = ["AlexNet", "alexnet"]
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ._common import check_positive_int
-from .registry import register_model
+from .zoo import register_model
 
 __all__ = ["LeNet300100", "LeNet5Caffe", "lenet300_100", "lenet5_caffe"]
 

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ._common import check_positive_int
-from .registry import register_model
+from .zoo import register_model
 
 __all__ = [
     "BasicBlock",

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ._common import check_positive_int, conv_bn_relu
-from .registry import register_model
+from .zoo import register_model
 
 __all__ = ["VGG", "VGG_CONFIGS", "vgg11", "vgg13", "vgg16", "vgg19"]
 

@@ -11,7 +11,8 @@ functional (fresh per forward, seeded inside sample runs), never kept in buffers
 """
 
 from .context import SampleRun, bayesian_modules, sample_run
-from .convert import bayesify, freeze, frozen, kl, set_mode, unfreeze
+from .bayesify import bayesify, freeze, frozen, set_mode, unfreeze
+from .network_kl import kl
 from .variational import (KL_SCHEDULES, BlundellKL, ConstantKL, ELBOTerms, KLSchedule, LinearWarmupKL, WholeNetworkMC,
                    default_chunk, elbo, elbo_terms, expected_data_term, kl_schedule)
 from .layers import (BayesConv, BayesConv1d, BayesConv2d, BayesConv3d, BayesConvTranspose, BayesConvTranspose1d,

@@ -7,7 +7,7 @@ A Bayesian layer never keeps noise in a buffer. Each forward draws fresh noise:
 * **inside a run** (:func:`sample_run`, used by :func:`~mcgraph.nn.elbo`,
   :func:`~mcgraph.nn.predict` and :func:`~mcgraph.nn.forward_samples`): sample ``i``
   of Bayesian layer ``l`` and noise kind ``k`` is row ``i`` of a seeded block stream
-  (:class:`mcgraph.noise.BlockStream`, blocks of :func:`block_rows` samples) whose
+  (:class:`mcgraph.engine.noise.BlockStream`, blocks of :func:`block_rows` samples) whose
   seed is ``mix(mix(seed, l), k)``.
   The rows do not depend on how the ``M`` samples are cut into chunks, so a chunked
   estimate consumes exactly the noise of the naive all-in-one-graph estimate.
@@ -28,10 +28,10 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from ..families import GenericForm, SamplingForm
-from ..noise import BlockStream, mix_seed, resolve_seed
+from ..engine.families import GenericForm, SamplingForm
+from ..engine.noise import BlockStream, mix_seed, resolve_seed
 
-__all__ = ["NoiseKind", "SampleRun", "Window", "Capture", "sample_run", "window", "current_window", "capture",
+__all__ = ["BayesianModule", "NoiseKind", "SampleRun", "Window", "Capture", "sample_run", "window", "current_window", "capture",
            "current_capture", "bayesian_modules", "block_rows", "noise_stream", "chunks"]
 
 
@@ -46,11 +46,14 @@ class NoiseKind:
     DROPOUT = 5  #: dropout masks of a module that draws per-sample noise (MC dropout)
 
 
+class BayesianModule(nn.Module):
+    """Base of every module whose weights carry a posterior (:class:`~mcgraph.nn.BayesLayer` and its
+    kind): what :func:`bayesian_modules` collects, and what a sample run gives noise streams to."""
+
+
 def bayesian_modules(model: nn.Module) -> list[nn.Module]:
     """The Bayesian layers of ``model`` in ``model.modules()`` order (``model`` itself included)."""
-    from .layers import BayesLayer
-
-    return [m for m in model.modules() if isinstance(m, BayesLayer)]
+    return [m for m in model.modules() if isinstance(m, BayesianModule)]
 
 
 #: Noise elements per stream block (4 MiB in float32): the most one layer's stream holds beyond its chunk.

@@ -36,8 +36,8 @@ from typing import Callable
 import torch
 from torch.distributions import Distribution
 
-from ..api import kl_divergence
-from ..noise import mix_seed, resolve_seed
+from ..engine.api import kl_divergence
+from ..engine.noise import mix_seed, resolve_seed
 from .masks import unmasked_posterior, weight_mask
 
 __all__ = ["LayerKLRule", "LAYER_KL", "register_layer_kl", "find_layer_kl", "divergence", "layer_kl",

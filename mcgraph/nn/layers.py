@@ -42,11 +42,11 @@ from torch import nn
 from torch.distributions import Distribution
 from torch.nn.modules.utils import _ntuple, _reverse_repeat_tuple
 
-from ..families import GenericForm, SamplingForm, family_of
-from ..noise import resolve_seed
-from ..stderr import refuse_with_process_group
+from ..engine.families import GenericForm, SamplingForm, family_of
+from ..engine.noise import resolve_seed
+from ..engine.stderr import refuse_with_process_group
 from .deprecation import callable_distribution
-from .context import NoiseKind, current_capture, current_window, form_noise_global, normal_draw, rademacher
+from .context import BayesianModule, NoiseKind, current_capture, current_window, form_noise_global, normal_draw, rademacher
 from .layer_kl import layer_kl
 from .masks import adopt_masks
 from .priors import layer_options, make_prior, resolve_posterior, unchecked_construction
@@ -78,7 +78,7 @@ def _std(var: torch.Tensor) -> torch.Tensor:
     return var.clamp_min(torch.finfo(var.dtype).tiny).sqrt()
 
 
-class BayesLayer(nn.Module):
+class BayesLayer(BayesianModule):
     """Base class of the Bayesian layers (not used directly).
 
     Subclasses define the deterministic operation ``_op(x, weight, bias)``, its
@@ -276,7 +276,7 @@ class BayesLayer(nn.Module):
         seed = resolve_seed(seed)
         refuse_with_process_group(return_stderr, process_group)
         if return_stderr:
-            from .stderr import layer_kl_with_stderr
+            from .kl_stderr import layer_kl_with_stderr
 
             return layer_kl_with_stderr(self, m, seed, method)
         # a registered rule for (q, p), else the engine

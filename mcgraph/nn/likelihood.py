@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from ..noise import BlockStream, resolve_seed
+from ..engine.noise import BlockStream, resolve_seed
 from .context import NoiseKind, bayesian_modules, capture, noise_stream, normal_draw, sample_run, window
 from .layers import SampleMode
 

@@ -8,7 +8,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ..distributed import sharded
+from ..engine.distributed import sharded
 from .context import SampleRun, bayesian_modules, capture, chunks, sample_run, window
 from .layers import SampleMode
 

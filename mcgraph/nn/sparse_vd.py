@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import torch
 from torch.distributions import Distribution, Normal
 
-from ..api import kl_divergence
+from ..engine.api import kl_divergence
 from ..distributions import LogUniform
 from .layer_kl import find_layer_kl, register_layer_kl
 from .priors import register_posterior

@@ -31,12 +31,12 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from ..estimators.chunked import accumulation_dtype
-from ..distributed import sharded
-from ..noise import mix_seed, resolve_seed
-from ..stderr import MCEstimate, SampleMoments, refuse_with_process_group
+from ..engine.estimators.chunked import accumulation_dtype
+from ..engine.distributed import sharded
+from ..engine.noise import mix_seed, resolve_seed
+from ..engine.stderr import MCEstimate, SampleMoments, refuse_with_process_group
 from .context import bayesian_modules, chunks, sample_run
-from .convert import kl as model_kl
+from .network_kl import kl as model_kl
 from .layers import SampleMode
 from .likelihood import LIKELIHOODS, log_likelihood
 from .prediction import can_vectorize, run_window
@@ -56,7 +56,7 @@ class _NetworkSpec:
     num_samples: int
     chunk_size: int
     want: tuple  # which inputs need a gradient
-    moments: object = None  # a mcgraph.stderr.SampleMoments fed with the per-sample values (return_stderr)
+    moments: object = None  # a mcgraph.engine.stderr.SampleMoments fed with the per-sample values (return_stderr)
     shard: object = None  # a SampleShard: this process's samples only, sums all-reduced
 
 
@@ -179,7 +179,7 @@ def expected_data_term(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, nu
 
     ``method="chunked"``: :class:`WholeNetworkMC` (memory of one chunk);
     ``method="direct"``: every sample in one autograd graph (the naive reference).
-    ``return_stderr=True`` returns an :class:`~mcgraph.stderr.MCEstimate`: the standard error
+    ``return_stderr=True`` returns an :class:`~mcgraph.engine.stderr.MCEstimate`: the standard error
     from the per-sample values (Σf² beside Σf in the same pass; ``num_samples >= 2``; one process only).
     ``process_group``: the ranks (holding the same batch) split the M samples; one
     all-reduce of the value and the parameters' gradients. The other arguments are those of :func:`elbo`.
@@ -330,7 +330,7 @@ def elbo(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_samples: int
         vectorize: run a chunk's samples in one forward (default: unless a BatchNorm uses
             batch statistics, see :func:`~mcgraph.nn.can_vectorize`).
         process_group: ``None``, or a ``torch.distributed`` group whose ranks hold the same batch
-            and split the M samples of both terms (:mod:`mcgraph.distributed`); every rank gets
+            and split the M samples of both terms (:mod:`mcgraph.engine.distributed`); every rank gets
             the full value and gradients. Needs an explicit ``seed``, the same on every rank.
         kl_process_group: the group that splits the KL's samples (default: ``process_group``).
             Under ``DistributedDataParallel`` over the same ranks (each rank its own batch), pass

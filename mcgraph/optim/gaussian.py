@@ -19,7 +19,7 @@ The parameters are restored to μ after every closure call, also when the closur
 must be summed over data shards or Monte Carlo samples passes (seed 003, Algorithm 1
 lines 14–16: the per-process averages ``ĝ``, ``ĥ`` and the loss). With ``process_group=None``
 it returns its input; with a ``torch.distributed`` group it all-reduces them (one collective,
-:meth:`mcgraph.distributed.SampleShard.sum`, which also checks that every rank has the same
+:meth:`mcgraph.engine.distributed.SampleShard.sum`, which also checks that every rank has the same
 seed and K):
 
 * ``parallel="data"``: each rank runs the closure on its own shard of the batch with all K
@@ -47,7 +47,7 @@ import torch
 from torch import nn
 from torch.distributions import Normal
 
-from ..noise import mix_seed, resolve_seed
+from ..engine.noise import mix_seed, resolve_seed
 from ._checks import choice, positive_int, positive_real
 from ._state import CountedOptimizer
 from .per_example import RULES, SquaredGradients, rule_for
@@ -133,7 +133,7 @@ class GaussianVariationalOptimizer(CountedOptimizer):
         self.parallel = choice("parallel", parallel, ("data", "samples"))
         self._shard = None
         if process_group is not None:
-            from ..distributed import SampleShard, check_process_group
+            from ..engine.distributed import SampleShard, check_process_group
 
             self._shard = SampleShard(check_process_group(process_group))
             self._shard.seed, self._shard.num_samples = self.seed, self.num_mc_samples

@@ -52,7 +52,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from ..noise import mix_seed, resolve_seed
+from ..engine.noise import mix_seed, resolve_seed
 from ._checks import non_negative_real, positive_real, real_in
 from ._state import CountedOptimizer
 

@@ -1,0 +1,376 @@
+"""``python -m mcgraph train --optimizer vogn|adaptive-vb|adam [--spike-slab ...]``: the optimizers' training path.
+
+The plain network of ``--model`` (never bayesified) is trained with cross-entropy by
+
+* ``vogn`` — :class:`~mcgraph.optim.VOGN` (``--mc-samples``, ``--prior-precision``, ``--damping``,
+  ``--tempering``, ``--betas``, …); the posterior predictive is ``optimizer.posterior_model()``;
+* ``adaptive-vb`` — :class:`~mcgraph.optim.AdaptiveVB` (``--avb-form gaussian``, the default:
+  ``--alpha``, ``--warmup-steps``, ``--curvature``) or :class:`~mcgraph.optim.AdaptiveSGHMC`
+  (``--avb-form sghmc``: ``--cycles`` of the cyclical cosine rate, ``--snapshots-per-cycle``
+  samples, ``--temperature``), whose prediction is the snapshot ensemble;
+* ``adam`` — ``torch.optim.Adam`` (the deterministic baseline).
+
+``--spike-slab`` adds :class:`~mcgraph.optim.SpikeSlabEM` (EM decay switching and permanent
+pruning, once per epoch after ``--prune-warmup`` epochs) to any of them (for Adam the decay
+is added to the gradient). The summary then also reports sparsity and the parameters and
+multiply–accumulates of the network before and after :func:`~mcgraph.optim.shrink`.
+
+Output is that of ``mcgraph train``: progress, ``metrics.jsonl``, ``checkpoint.pt``
+(model, optimizer, spike-and-slab masks, snapshots; ``--resume`` continues), and
+``summary.json`` / ``summary.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+__all__ = ["add_arguments", "train", "OPTIMIZERS", "build_optimizer", "predictive_model"]
+
+OPTIMIZERS = ("vogn", "adaptive-vb", "adam")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--optimizer`` and the options of :mod:`mcgraph.optim` to the ``mcgraph train`` parser."""
+    g = parser.add_argument_group("optimizers (mcgraph.optim): train the plain network with VOGN, adaptive VB "
+                                  "or Adam instead of the ELBO of a bayesified one")
+    g.add_argument("--optimizer", default=None, choices=OPTIMIZERS,
+                   help="vogn, adaptive-vb or adam (default: the ELBO training of the bayesified network)")
+    g.add_argument("--mc-samples", type=_positive_int, default=1, help="weight samples per step (VOGN's K)")
+    g.add_argument("--prior-precision", type=_non_negative_float, default=1.0, help="δ of the N(0, I/δ) prior")
+    g.add_argument("--damping", type=_non_negative_float, default=1e-3, help="VOGN's external damping γ")
+    g.add_argument("--tempering", type=_positive_float, default=1.0, help="VOGN's τ (after its warm-up)")
+    g.add_argument("--tempering-init", type=_positive_float, default=None, help="τ at step 1 of a linear warm-up")
+    g.add_argument("--tempering-warmup-steps", type=_non_negative_int, default=0)
+    g.add_argument("--betas", type=float, nargs=2, default=None,
+                   help="VOGN (β1, β2) [0.9 0.999]; adaptive VB (β1, γ) [0.9 0.01]; SGHMC (β1, β2) [0.1 1]")
+    g.add_argument("--data-augmentation-factor", type=_positive_float, default=1.0, help="VOGN's ρ (N ← ρN)")
+    g.add_argument("--init-precision", type=_non_negative_float, default=None,
+                   help="initial curvature s / precision π (default: from the first minibatch)")
+    g.add_argument("--vogn-variant", default="paper", choices=["paper", "torchsso"])
+    g.add_argument("--batchnorm-prior", action="store_true", help="apply the prior to BatchNorm parameters")
+    g.add_argument("--avb-form", default="gaussian", choices=["gaussian", "sghmc"],
+                   help="adaptive VB with μ and σ (gaussian) or its memory-lean SGHMC form")
+    g.add_argument("--alpha", type=float, default=0.5, choices=[0.5, 1.0], help="adaptive VB's α")
+    g.add_argument("--warmup-steps", type=_non_negative_int, default=0, help="adaptive VB's noise-free warm-up")
+    g.add_argument("--curvature", default="squared_gradient", choices=["squared_gradient", "per_example"])
+    g.add_argument("--precision-decay", type=_positive_float, default=1.0, help="adaptive VB's λ")
+    g.add_argument("--temperature", type=_positive_float, default=None, help="SGHMC's T (default N^-1/2)")
+    g.add_argument("--precision-lr", type=_non_negative_float, default=0.1, help="SGHMC's η")
+    g.add_argument("--weight-decay", type=_non_negative_float, default=5e-4,
+                   help="SGHMC's decay (prior precision / N); with --spike-slab the slab decay is used instead")
+    g.add_argument("--cycles", type=_positive_int, default=1, help="cycles of SGHMC's cyclical cosine rate")
+    g.add_argument("--snapshots-per-cycle", type=_positive_int, default=3)
+    g.add_argument("--spike-slab", action="store_true", help="group spike-and-slab EM with one-shot pruning")
+    g.add_argument("--slab-decay", type=_positive_float, default=5e-4)
+    g.add_argument("--spike-decay", type=_positive_float, default=1e-1)
+    g.add_argument("--prior-inclusion", type=float, default=0.5, help="π of the probability E-step")
+    g.add_argument("--estep", default="probability", choices=["probability", "threshold"])
+    g.add_argument("--soft-threshold", type=_non_negative_float, default=1e-2)
+    g.add_argument("--hard-threshold", type=_non_negative_float, default=1e-3)
+    g.add_argument("--hard-statistic", default="mean_square", choices=["mean_square", "range"])
+    g.add_argument("--linear-groups", default="input", choices=["input", "output"])
+    g.add_argument("--conv-groups", default="kernel", choices=["kernel", "filter", "channel"])
+    g.add_argument("--prune-conv", default="channels", choices=["channels", "em"])
+    g.add_argument("--prune-warmup", type=_non_negative_int, default=1, help="epochs before the first E-step")
+    g.add_argument("--exclude-layers", nargs="*", default=[], help="layers without the spike-and-slab prior")
+
+
+def _spike_slab(args, model: nn.Module, n: int):
+    if not args.spike_slab:
+        return None
+    from ..optim.spike_slab import SpikeSlabEM
+
+    return SpikeSlabEM(model, n, slab_decay=args.slab_decay, spike_decay=args.spike_decay,
+                       prior_inclusion=args.prior_inclusion, estep=args.estep, soft_threshold=args.soft_threshold,
+                       hard_threshold=args.hard_threshold, hard_statistic=args.hard_statistic,
+                       linear_groups=args.linear_groups, conv_groups=args.conv_groups, prune_conv=args.prune_conv,
+                       warmup=args.prune_warmup, exclude=tuple(args.exclude_layers))
+
+
+def build_optimizer(args, model: nn.Module, n: int, batches: int, spike_slab=None):
+    """``(optimizer, scheduler or None)`` of ``args.optimizer`` for ``model`` and ``n`` training examples."""
+    from ..optim.adaptive_vb import AdaptiveVB
+    from ..optim.schedules import CyclicalCosineLR
+    from ..optim.sghmc import AdaptiveSGHMC
+    from ..optim.vogn import VOGN
+
+    betas = {} if args.betas is None else {"betas": tuple(args.betas)}
+    if args.optimizer == "vogn":
+        return VOGN(model, n, lr=args.lr, prior_precision=args.prior_precision, damping=args.damping,
+                    tempering=args.tempering, tempering_init=args.tempering_init,
+                    tempering_warmup_steps=args.tempering_warmup_steps, num_mc_samples=args.mc_samples,
+                    data_augmentation_factor=args.data_augmentation_factor, init_precision=args.init_precision,
+                    variant=args.vogn_variant, batchnorm_prior=args.batchnorm_prior, seed=args.seed,
+                    spike_slab=spike_slab, **betas), None
+    if args.optimizer == "adaptive-vb" and args.avb_form == "gaussian":
+        return AdaptiveVB(model, n, lr=args.lr, alpha=args.alpha, precision_decay=args.precision_decay,
+                          prior_precision=args.prior_precision, num_mc_samples=args.mc_samples,
+                          warmup_steps=args.warmup_steps, curvature=args.curvature,
+                          init_precision=args.init_precision or None, batchnorm_prior=args.batchnorm_prior,
+                          seed=args.seed, spike_slab=spike_slab, **betas), None
+    if args.optimizer == "adaptive-vb":
+        decay = args.slab_decay if spike_slab is not None else args.weight_decay  # the slab prior on the rest
+        opt = AdaptiveSGHMC(model.parameters(), n, lr=args.lr, weight_decay=decay,
+                            temperature=args.temperature, precision_lr=args.precision_lr, seed=args.seed,
+                            spike_slab=spike_slab, **betas)
+        total = args.epochs * batches
+        cycles = min(args.cycles, total)
+        return opt, CyclicalCosineLR(opt, total, cycles, snapshots_per_cycle=args.snapshots_per_cycle)
+    if args.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=args.lr, **betas), None
+    raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {args.optimizer!r}")
+
+
+def predictive_model(optimizer, model: nn.Module, ensemble) -> tuple[nn.Module, int | None]:
+    """``(model to predict with, exact number of samples or None)`` for the trained ``optimizer``."""
+    from ..optim.gaussian import GaussianVariationalOptimizer
+
+    if isinstance(optimizer, GaussianVariationalOptimizer):
+        return optimizer.posterior_model().eval(), None
+    if ensemble is not None and len(ensemble):
+        return ensemble.eval(), len(ensemble)
+    return model.eval(), 1
+
+
+@torch.no_grad()
+def _evaluate(predictor: nn.Module, exact: int | None, x, y, num_samples: int, batch_size: int, device,
+              seed: int) -> dict:
+    import mcgraph.nn as mnn
+    from ..metrics import prediction_metrics
+
+    m = num_samples if exact is None else exact
+    probs = []
+    for i, start in enumerate(range(0, x.shape[0], batch_size)):
+        xb = x[start:start + batch_size].to(device)
+        if exact == 1:
+            probs.append(torch.softmax(predictor(xb), -1).cpu())
+        else:
+            probs.append(mnn.predict(predictor, xb, m, seed=seed * 1_000_003 + i).cpu())
+    out = prediction_metrics(torch.cat(probs), y)
+    out["num_samples"] = m
+    return out
+
+
+def _checkpoint(path: Path, model, optimizer, scheduler, spike_slab, ensemble, epoch: int, step: int, args):
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": None if scheduler is None else scheduler.state_dict(),
+                "spike_slab": None if spike_slab is None else spike_slab.state_dict(),
+                "snapshots": None if ensemble is None else ensemble.snapshots,
+                "epoch": epoch, "step": step, "args": vars(args)}, path)
+
+
+def _loss_step(kind: str, optimizer, closure, spike_slab):
+    if kind in ("vogn", "adaptive-vb-gaussian"):
+        return optimizer.step(closure)
+    loss = closure()
+    if kind == "adam" and spike_slab is not None:
+        with torch.no_grad():
+            for p in spike_slab.params.values():
+                if p.grad is not None:
+                    p.grad.add_(spike_slab.decay(p) * p)
+    if kind == "adam":
+        grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        if grads and not bool(torch.stack([torch.isfinite(t).all() for t in grads]).all()):
+            print("adam: non-finite gradient; the step was skipped", file=sys.stderr, flush=True)
+            return loss.detach()
+    optimizer.step()
+    if spike_slab is not None and kind == "adam":
+        spike_slab.apply_masks()
+    return loss.detach()
+
+
+def train(args) -> dict:
+    """Train ``args.model`` with ``args.optimizer`` (see the module docstring); returns the summary dict."""
+    from . import training_run as base
+    from ..optim.snapshots import SnapshotEnsemble
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    ds, (x_train, y_train), (x_test, y_test), (x_eval, y_eval) = base.load_splits(args)
+    plain = argparse.Namespace(**{**vars(args), "deterministic": True})
+    model = base.build_model(plain, ds.input_shape, ds.num_classes).to(device)
+    n_train = x_train.shape[0]
+    batches = math.ceil(n_train / args.batch_size)
+    spike_slab = _spike_slab(args, model, n_train)
+    optimizer, scheduler = build_optimizer(args, model, n_train, batches, spike_slab)
+    kind = args.optimizer if not (args.optimizer == "adaptive-vb") else f"adaptive-vb-{args.avb_form}"
+    ensemble = SnapshotEnsemble(model) if kind == "adaptive-vb-sghmc" else None
+
+    out = Path(args.out or f"runs/{args.model}-{args.dataset}-{args.optimizer}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    start_epoch, step = 0, 0
+    if args.resume:
+        state = torch.load(args.resume, map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        if scheduler is not None and state.get("scheduler") is not None:
+            scheduler.load_state_dict(state["scheduler"])
+        if spike_slab is not None and state.get("spike_slab") is not None:
+            spike_slab.load_state_dict(state["spike_slab"])
+        if ensemble is not None and state.get("snapshots"):
+            ensemble.snapshots = list(state["snapshots"])
+        start_epoch, step = int(state["epoch"]), int(state["step"])
+        base.log(f"resumed from {args.resume} at epoch {start_epoch}")
+    n_params = sum(p.numel() for p in model.parameters())
+    base.log(f"{args.optimizer}{'/' + args.avb_form if args.optimizer == 'adaptive-vb' else ''} on {args.model} / "
+              f"{args.dataset}: {n_params:,} parameters, {n_train} training examples, {batches} batches/epoch"
+              f"{' + spike-and-slab EM' if spike_slab else ''} -> {out}")
+
+    gen, history, log_path = base.resume_log(args, out, start_epoch, n_train)
+    t_train = sum(r.get("time_s", 0.0) for r in history)
+    loss_fn = nn.CrossEntropyLoss()
+    for epoch in range(start_epoch, args.epochs):
+        if scheduler is None:
+            for group in optimizer.param_groups:
+                group["lr"] = args.lr * args.lr_decay ** epoch
+        if spike_slab is not None:
+            spike_slab.update(epoch)
+        model.train()
+        perm = torch.randperm(n_train, generator=gen)
+        bar = base.Progress(batches, f"epoch {epoch + 1}/{args.epochs}", not args.no_progress)
+        t0 = time.perf_counter()
+        total = 0.0
+        for b in range(batches):
+            idx = perm[b * args.batch_size:(b + 1) * args.batch_size]
+            xb, yb = x_train[idx].to(device), y_train[idx].to(device)
+
+            def closure():
+                optimizer.zero_grad(set_to_none=True)
+                loss = loss_fn(model(xb), yb)
+                loss.backward()
+                return loss
+
+            loss = _loss_step(kind, optimizer, closure, spike_slab)
+            if scheduler is not None:
+                if scheduler.is_snapshot_step(step):
+                    ensemble.add()
+                scheduler.step()
+            step += 1
+            total += float(loss)
+            bar.update(loss=total / (b + 1))
+        bar.close()
+        t_epoch = time.perf_counter() - t0
+        t_train += t_epoch
+        row = {"epoch": epoch + 1, "step": step, "time_s": t_epoch, "loss": total / batches, "train_nll": total / batches,
+               "kl": 0.0, "lr": optimizer.param_groups[0]["lr"],
+               "skipped_steps": int(getattr(optimizer, "skipped_steps", 0))}
+        if spike_slab is not None:
+            row["sparsity"] = spike_slab.sparsity()["sparsity"]
+        last = epoch + 1 == args.epochs
+        if args.eval_every and ((epoch + 1) % args.eval_every == 0) and not last:
+            split = "val" if ds.x_val is not None else "test"
+            predictor, exact = predictive_model(optimizer, model, ensemble)
+            ev = _evaluate(predictor, exact, x_eval, y_eval, args.periodic_eval_samples, args.eval_batch_size, device,
+                           args.seed)
+            model.train()
+            row.update({f"{split}_{k}": v for k, v in ev.items() if k not in ("examples", "num_samples")})
+            base.log(f"epoch {epoch + 1}: loss {row['loss']:.4f}  {split} acc {ev['accuracy']:.4f}  nll "
+                      f"{ev['nll']:.4f}  ece {ev['ece']:.4f}  ({t_epoch:.1f} s)")
+        else:
+            base.log(f"epoch {epoch + 1}: loss {row['loss']:.4f}  ({t_epoch:.1f} s)")
+        history.append(row)
+        with log_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if args.checkpoint_every and ((epoch + 1) % args.checkpoint_every == 0 or last):
+            _checkpoint(out / "checkpoint.pt", model, optimizer, scheduler, spike_slab, ensemble, epoch + 1, step, args)
+
+    t0 = time.perf_counter()
+    predictor, exact = predictive_model(optimizer, model, ensemble)
+    test = _evaluate(predictor, exact, x_test, y_test, args.eval_samples, args.eval_batch_size, device, args.seed)
+    with torch.no_grad():
+        model.eval()
+        mean_probs = torch.cat([torch.softmax(model(x_test[i:i + args.eval_batch_size].to(device)), -1).cpu()
+                                for i in range(0, x_test.shape[0], args.eval_batch_size)])
+    test["accuracy_mean_weights"] = float((mean_probs.argmax(-1) == y_test).double().mean())
+    summary = {
+        "model": args.model, "dataset": args.dataset, "bayesian": kind != "adam", "optimizer": args.optimizer,
+        "form": args.avb_form if args.optimizer == "adaptive-vb" else None,
+        "posterior": {"vogn": "normal (VOGN)", "adaptive-vb-gaussian": "normal (adaptive VB)",
+                      "adaptive-vb-sghmc": f"snapshot ensemble ({len(ensemble) if ensemble else 0})",
+                      "adam": None}[kind],
+        "prior": None if kind == "adam" else ("spike-and-slab" if spike_slab else f"normal(δ={args.prior_precision})"),
+        "kl_samples": None, "epochs": args.epochs, "steps": step, "parameters": n_params, "train_examples": n_train,
+        "train_time_s": t_train, "eval_time_s": time.perf_counter() - t0,
+        "skipped_steps": int(getattr(optimizer, "skipped_steps", 0)),
+        "test": test, "history": history, "config": vars(args), "out": str(out),
+    }
+    if spike_slab is not None:
+        from ..optim.shrink import shrink
+
+        small, report = shrink(model.eval(), x_test[:2].to(device))
+        summary["sparsity"] = spike_slab.sparsity()
+        summary["shrink"] = {k: v for k, v in report.items() if k != "selected"}
+        torch.save(small, out / "pruned_model.pt")
+    if not args.checkpoint_every:
+        _checkpoint(out / "checkpoint.pt", model, optimizer, scheduler, spike_slab, ensemble, args.epochs, step, args)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out / "summary.md").write_text(_markdown(summary))
+    base.log(f"test: accuracy {test['accuracy']:.4f}  NLL {test['nll']:.4f}  ECE {test['ece']:.4f}  "
+              f"Brier {test['brier']:.4f}  -> {out / 'summary.md'}")
+    return summary
+
+
+def _markdown(s: dict) -> str:
+    t = s["test"]
+    what = s["optimizer"] + (f" ({s['form']} form)" if s.get("form") else "")
+    lines = [
+        f"# {s['model']} on {s['dataset']}", "",
+        f"Trained with {what}; posterior: {s['posterior'] or 'none (point estimate)'}; prior: {s['prior'] or 'none'}; "
+        f"{s['parameters']:,} parameters; {s['epochs']} epochs ({s['steps']} steps, {s['skipped_steps']} skipped) on "
+        f"{s['train_examples']:,} examples in {s['train_time_s']:.1f} s.", "",
+        f"Test set ({t['examples']:,} examples, {t['num_samples']} predictive samples):", "",
+        "| metric | value |", "| --- | --- |",
+        f"| accuracy | {t['accuracy']:.4f} |", f"| NLL | {t['nll']:.4f} |", f"| ECE (15 bins) | {t['ece']:.4f} |",
+        f"| Brier | {t['brier']:.4f} |", f"| mean predictive entropy | {t['entropy']:.4f} |",
+        f"| accuracy (mean weights) | {t['accuracy_mean_weights']:.4f} |",
+    ]
+    if "shrink" in s:
+        b, a = s["shrink"]["before"], s["shrink"]["after"]
+        lines += ["", f"Spike-and-slab pruning: {100 * s['sparsity']['sparsity']:.2f} % of the grouped weights pruned.",
+                  "", "| | parameters | non-zero parameters | MACs / example | non-zero MACs / example |",
+                  "| --- | --- | --- | --- | --- |",
+                  f"| before shrinking | {b['parameters']:,} | {b['nonzero_parameters']:,} | {b['macs']:,} | "
+                  f"{b['macs_nonzero']:,} |",
+                  f"| after shrinking | {a['parameters']:,} | {a['nonzero_parameters']:,} | {a['macs']:,} | "
+                  f"{a['macs_nonzero']:,} |"]
+    lines += ["", "| epoch | loss | time (s) |", "| --- | --- | --- |"]
+    lines += [f"| {r['epoch']} | {r['loss']:.4f} | {r['time_s']:.1f} |" for r in s["history"]]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,311 @@
+"""``python -m mcgraph train``: train a Bayesian (or deterministic) network on a packaged dataset.
+
+Example::
+
+    python -m mcgraph train --model lenet5 --dataset mnist --posterior radial --prior normal \\
+        --kl-samples 1000 --epochs 10 --out runs/lenet5-radial
+
+The network is a model of :mod:`mcgraph.models` (or ``mlp``) made Bayesian by
+:func:`mcgraph.nn.bayesify`; each step minimises ``-mg.nn.elbo`` (``--train-samples``
+whole-network samples of the data term, ``--kl-samples`` samples of the KL through
+the engine, KL / N weighted by ``--kl-schedule``). ``--deterministic`` trains the same
+network with cross-entropy, for comparison.
+
+Output, under ``--out``: ``checkpoint.pt`` (model, optimizer, epoch; ``--resume``
+continues from it), ``metrics.jsonl`` (one row per evaluation), and the final
+``summary.json`` and ``summary.md`` (accuracy, NLL, ECE, Brier on the test set from
+``--eval-samples`` predictive samples, timings, configuration).
+
+**Many processes.** Under ``torchrun --nproc-per-node R python -m mcgraph train ...``
+the R ranks form ``--data-parallel D`` data groups of ``S = R / D`` ranks. The ranks of
+a sample group hold the same shard of each batch (batch rows ``d::D`` for data group
+``d``) and split the data term's ``--train-samples`` by index; every rank splits every
+layer's KL samples over all R ranks; ``DistributedDataParallel`` averages the gradients
+over the D data shards (the KL, whole on every rank, is counted once). With ``D = 1``
+the run follows the one-process run's parameters up to float rounding. Rank 0 alone
+writes checkpoints, metrics and the summary; ``--resume`` works on any number of ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from . import launch
+from ..metrics import prediction_metrics
+from .data import DATASETS
+from ..models import MODELS
+from ..engine.noise import mix_seed
+from .training_run import (Progress, build_model, evaluate, family_options, is_bayesian, load_splits, log, mlp,
+                           resume_log, save_checkpoint)
+
+__all__ = ["main", "build_parser", "build_model", "mlp", "evaluate", "prediction_metrics", "load_splits", "train"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import mcgraph.nn as mnn
+
+    p = argparse.ArgumentParser(prog="mcgraph train", description="Train a Bayesian neural network "
+                                "(mcgraph.nn) on a dataset shipped in an installable package.")
+    p.add_argument("--model", default="lenet5", help=f"mlp or one of {sorted(MODELS)}")
+    p.add_argument("--hidden", type=int, nargs="+", default=[256, 256], help="hidden widths of --model mlp")
+    p.add_argument("--dataset", default="mnist", choices=sorted(DATASETS))
+    p.add_argument("--image-size", type=int, default=None,
+                   help="resize 2-d images (default: 28 for lenet5 on smaller images)")
+    p.add_argument("--posterior", default="radial", choices=sorted(mnn.POSTERIORS))
+    p.add_argument("--prior", default=None, choices=sorted(mnn.PRIORS),
+                   help="default: the posterior family's (sparse_vd: log_uniform), else normal")
+    p.add_argument("--prior-scale", type=float, default=None, help="scale of a normal/laplace/student_t prior")
+    p.add_argument("--kl-samples", type=int, default=1000, help="M of every layer's KL")
+    p.add_argument("--kl-method", default="auto", help="the engine's method for the KL")
+    p.add_argument("--train-samples", type=int, default=1, help="whole-network samples of the data term per step")
+    p.add_argument("--chunk-size", type=int, default=None, help="samples per chunk of the data term")
+    p.add_argument("--kl-schedule", default="constant", choices=["constant", "linear", "blundell"])
+    p.add_argument("--kl-weight", type=float, default=1.0, help="β of the constant / final β of the linear schedule")
+    p.add_argument("--warmup-epochs", type=float, default=1.0, help="length of the linear KL warm-up")
+    p.add_argument("--rho-init", type=float, default=None,
+                   help="initial ρ (default −5 with σ = softplus(ρ); sparse_vd: log σ² = −10)")
+    p.add_argument("--scale-transform", default=None,
+                   help="how σ is derived from ρ: softplus (default), exp (ρ = log σ), exp_half (ρ = log σ²; "
+                        "the sparse_vd default)")
+    p.add_argument("--local-reparameterization", action="store_true",
+                   help="sample pre-activations (the sparse_vd default)")
+    p.add_argument("--flipout", action="store_true")
+    p.add_argument("--deterministic", action="store_true", help="train the plain network (baseline)")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr-decay", type=float, default=1.0, help="multiply the learning rate by this every epoch")
+    p.add_argument("--eval-samples", type=int, default=100, help="predictive samples of the final evaluation")
+    p.add_argument("--periodic-eval-samples", type=int, default=10)
+    p.add_argument("--eval-every", type=int, default=1, help="evaluate every N epochs (0: only at the end)")
+    p.add_argument("--eval-batch-size", type=int, default=1000)
+    p.add_argument("--checkpoint-every", type=int, default=1, help="save a checkpoint every N epochs")
+    p.add_argument("--resume", default=None, help="a checkpoint.pt to continue from")
+    p.add_argument("--limit-train", type=int, default=None, help="use the first N training examples")
+    p.add_argument("--limit-test", type=int, default=None, help="use the first N test examples")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", default=None, help="output directory (default runs/<model>-<dataset>-<time>)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-stderr", action="store_true", help="do not log the Monte Carlo standard errors "
+                   "of the data term and the KL (measured on each epoch's first step; one process only)")
+    p.add_argument("--data-parallel", type=int, default=1,
+                   help="under torchrun: split each batch over this many groups of ranks (the rest of the "
+                        "ranks split the Monte Carlo samples); must divide the number of ranks")
+    from .optim_train import add_arguments
+
+    add_arguments(p)  # --optimizer vogn|adaptive-vb|adam and its options (absent: the ELBO training below)
+    return p
+
+
+def train(args) -> dict:
+    """Run the training of ``args`` (from :func:`build_parser`); returns the summary dict."""
+    import mcgraph.nn as mnn
+
+    if getattr(args, "optimizer", None):
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise ValueError("--optimizer: the optimizer training path runs in one process; under torchrun use "
+                             "the ELBO training (no --optimizer), or mcgraph.optim's process_group= in Python")
+        from .optim_train import train as train_with_optimizer
+
+        return train_with_optimizer(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    ranks = launch.ranks_from_env(device, getattr(args, "data_parallel", 1))
+    ds, (x_train, y_train), (x_test, y_test), (x_eval, y_eval) = load_splits(args)
+
+    model = build_model(args, ds.input_shape, ds.num_classes).to(device)
+    bayes = is_bayesian(model)
+    trained = ranks.wrap(model)  # DistributedDataParallel over the data group, or the model itself
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    n_train = x_train.shape[0]
+    batches = math.ceil(n_train / args.batch_size)
+    warmup = max(1, int(round(args.warmup_epochs * batches)))
+    schedule = mnn.kl_schedule(args.kl_schedule, num_batches=batches, warmup_steps=warmup, weight=args.kl_weight)
+
+    default_out = f"runs/{args.model}-{args.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = Path(args.out or ranks.broadcast_text(default_out))
+    if ranks.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+    ranks.barrier()
+    start_epoch, step = 0, 0
+    if args.resume:
+        state = torch.load(args.resume, map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start_epoch, step = int(state["epoch"]), int(state["step"])
+        if ranks.is_main:
+            log(f"resumed from {args.resume} at epoch {start_epoch}")
+    n_params = sum(p.numel() for p in model.parameters())
+    say = log if ranks.is_main else (lambda msg: None)
+    say(f"{'BNN' if bayes else 'deterministic'} {args.model} on {args.dataset}: {n_params:,} parameters, "
+        f"{n_train} training examples, {batches} batches/epoch -> {out}" + ranks.describe())
+
+    gen, history, log_path = resume_log(args, out, start_epoch, n_train, write=ranks.is_main)
+    t_train = sum(r.get("time_s", 0.0) for r in history)
+    for epoch in range(start_epoch, args.epochs):
+        for group in optimizer.param_groups:
+            group["lr"] = args.lr * args.lr_decay ** epoch
+        model.train()
+        perm = torch.randperm(n_train, generator=gen)
+        bar = Progress(batches, f"epoch {epoch + 1}/{args.epochs}", not args.no_progress and ranks.is_main)
+        t0 = time.perf_counter()
+        sums = {"loss": 0.0, "nll": 0.0, "kl": 0.0, "correct": 0}
+        for b in range(batches):
+            idx = ranks.shard(perm[b * args.batch_size:(b + 1) * args.batch_size])
+            xb, yb = x_train[idx].to(device), y_train[idx].to(device)
+            optimizer.zero_grad(set_to_none=True)
+            if bayes:
+                # standard errors of the epoch's first step (one process: they are not all-reduced)
+                probe = b == 0 and not args.no_stderr and ranks.world is None
+                terms = mnn.elbo_terms(trained, xb, yb, num_samples=args.train_samples, dataset_size=n_train,
+                                       chunk_size=args.chunk_size, kl_weight=schedule(step),
+                                       kl_method=args.kl_method, seed=mix_seed(args.seed + 1, step),
+                                       process_group=ranks.samples, kl_process_group=ranks.world,
+                                       return_stderr=probe and args.train_samples > 1)
+                loss = -terms.elbo
+                nll_b, kl_b = -terms.log_likelihood.detach(), terms.kl.detach()
+                if probe:
+                    stderr = _step_stderr(model, terms, args)
+            else:
+                logits = trained(xb)
+                loss = nn.functional.cross_entropy(logits, yb)
+                nll_b, kl_b = loss.detach(), torch.zeros(())
+                sums["correct"] += int((logits.argmax(-1) == yb).sum())
+            loss.backward()
+            optimizer.step()
+            step += 1
+            sums["loss"] += float(loss.detach())
+            sums["nll"] += float(nll_b)
+            sums["kl"] += float(kl_b)
+            bar.update(loss=sums["loss"] / (b + 1), nll=sums["nll"] / (b + 1), kl=float(kl_b))
+        bar.close()
+        t_epoch = time.perf_counter() - t0
+        t_train += t_epoch
+        row = {"epoch": epoch + 1, "step": step, "time_s": t_epoch, "loss": sums["loss"] / batches,
+               "train_nll": sums["nll"] / batches, "kl": sums["kl"] / batches,
+               "lr": optimizer.param_groups[0]["lr"]}
+        if bayes and not args.no_stderr and ranks.world is None:
+            row.update(stderr)
+            log(f"epoch {epoch + 1} first step: " + ", ".join(f"{k} {v:.4g}" for k, v in stderr.items()))
+        last = epoch + 1 == args.epochs
+        if args.eval_every and ((epoch + 1) % args.eval_every == 0) and not last:
+            split = "val" if ds.x_val is not None else "test"
+            ev = evaluate(model, x_eval, y_eval, args.periodic_eval_samples, args.eval_batch_size, device,
+                          ranks.world)
+            row.update({f"{split}_{k}": v for k, v in ev.items() if k not in ("examples", "num_samples")})
+            say(f"epoch {epoch + 1}: loss {row['loss']:.4f}  kl {row['kl']:.4g}  {split} acc "
+                 f"{ev['accuracy']:.4f}  nll {ev['nll']:.4f}  ece {ev['ece']:.4f}  ({t_epoch:.1f} s)")
+        else:
+            say(f"epoch {epoch + 1}: loss {row['loss']:.4f}  kl {row['kl']:.4g}  ({t_epoch:.1f} s)")
+        history.append(row)
+        if ranks.is_main:
+            with log_path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+        if args.checkpoint_every and ((epoch + 1) % args.checkpoint_every == 0 or last) and ranks.is_main:
+            save_checkpoint(out / "checkpoint.pt", model, optimizer, epoch + 1, step, args)
+        ranks.barrier()
+
+    t0 = time.perf_counter()
+    test = evaluate(model, x_test, y_test, args.eval_samples, args.eval_batch_size, device, ranks.world)
+    summary = {
+        "model": args.model, "dataset": args.dataset, "bayesian": bayes,
+        "posterior": None if args.deterministic else args.posterior,
+        "prior": None if args.deterministic else args.prior or family_options(args.posterior)[0],
+        "kl_samples": None if args.deterministic else args.kl_samples,
+        "epochs": args.epochs, "steps": step, "parameters": n_params, "train_examples": n_train,
+        "train_time_s": t_train, "eval_time_s": time.perf_counter() - t0,
+        "test": test, "history": history, "config": vars(args), "out": str(out),
+    }
+    summary["processes"] = ranks.size
+    if ranks.is_main:
+        if not args.checkpoint_every:
+            save_checkpoint(out / "checkpoint.pt", model, optimizer, args.epochs, step, args)
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        (out / "summary.md").write_text(_markdown(summary))
+    ranks.barrier()
+    say(f"test: accuracy {test['accuracy']:.4f}  NLL {test['nll']:.4f}  ECE {test['ece']:.4f}  "
+         f"Brier {test['brier']:.4f}  -> {out / 'summary.md'}")
+    return summary
+
+
+def _step_stderr(model, terms, args) -> dict:
+    """Monte Carlo standard errors of one step's data term and KL, and the KL samples for 1 % error.
+
+    With ``--train-samples 1`` the data term has no variance estimate and is left out; the KL's
+    standard error then comes from one more KL evaluation (no graph) at the step's parameters.
+    """
+    import mcgraph.nn as mnn
+    from ..engine.stderr import MCEstimate
+
+    out = {}
+    if terms.kl_stderr is not None:
+        out["data_term_stderr"] = float(terms.log_likelihood_stderr)
+        kl, kl_se = terms.kl.detach(), terms.kl_stderr
+    elif min((m.kl_samples for m in mnn.bayesian_modules(model)), default=0) > 1 and args.kl_samples > 1:
+        with torch.no_grad():
+            kl, kl_se = mnn.kl(model, args.kl_samples, method=args.kl_method, return_stderr=True)
+    else:
+        return out
+    out["kl_stderr"] = float(kl_se)
+    if float(kl_se) > 0 and float(kl) != 0:
+        out["kl_samples_for_1pct"] = MCEstimate(kl, kl_se, args.kl_samples).required_samples(0.01)
+    return out
+
+
+def _markdown(s: dict) -> str:
+    t = s["test"]
+    kind = (f"Bayesian ({s['posterior']} posterior, {s['prior']} prior, {s['kl_samples']} KL samples)"
+            if s["bayesian"] else "deterministic")
+    lines = [
+        f"# {s['model']} on {s['dataset']}", "",
+        f"{kind}; {s['parameters']:,} parameters; {s['epochs']} epochs ({s['steps']} steps) on "
+        f"{s['train_examples']:,} examples in {s['train_time_s']:.1f} s.", "",
+        f"Test set ({t['examples']:,} examples, {t['num_samples']} predictive samples):", "",
+        "| metric | value |", "| --- | --- |",
+        f"| accuracy | {t['accuracy']:.4f} |",
+        f"| NLL | {t['nll']:.4f} |",
+        f"| ECE (15 bins) | {t['ece']:.4f} |",
+        f"| Brier | {t['brier']:.4f} |",
+        f"| mean predictive entropy | {t['entropy']:.4f} |",
+    ]
+    if "accuracy_mean_weights" in t:
+        lines.append(f"| accuracy (posterior-mean weights) | {t['accuracy_mean_weights']:.4f} |")
+    lines += ["", "| epoch | loss | KL | time (s) |", "| --- | --- | --- | --- |"]
+    lines += [f"| {r['epoch']} | {r['loss']:.4f} | {r['kl']:.4g} | {r['time_s']:.1f} |" for r in s["history"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m mcgraph train``; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.model != "mlp" and args.model not in MODELS:
+        parser.error(f"--model must be mlp or one of {sorted(MODELS)}, got {args.model!r}")
+    for name in ("epochs", "batch_size", "kl_samples", "train_samples", "eval_samples", "periodic_eval_samples"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.data_parallel < 1:
+        parser.error(f"--data-parallel must be >= 1, got {args.data_parallel}")
+    try:
+        train(args)
+    except ImportError as e:  # an optional dataset package is missing
+        print(f"mcgraph train: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,391 @@
+"""The functional API: :func:`expectation`, :func:`kl_divergence`, :func:`explain`."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import numbers
+from typing import Callable
+
+import torch
+from torch.distributions import Distribution
+
+from . import backend
+from .estimators import chunked_value, collapsed_value, direct_value, fused_value, statistics
+from .estimators.analytic import analytic_statistics
+from .estimators.sampling import default_chunk, samples, stream_for
+from .families import GenericForm, distribution_parameters, family_of
+from .trace import floating, guarded
+from .distributed import sharded
+from .noise import resolve_seed
+from .plan_cache import cached_trace
+from .stderr import MCEstimate, StderrCollector, refuse_with_process_group
+from .tuples import Plan, Tier, classify
+
+_VALIDATE = True
+
+
+def set_validate_args(value: bool) -> None:
+    """Switch the finiteness check of distribution parameters (one host sync per call) on or off."""
+    global _VALIDATE
+    _VALIDATE = bool(value)
+
+
+def _check_num_samples(num_samples) -> int:
+    if isinstance(num_samples, bool) or not isinstance(num_samples, numbers.Integral):
+        raise TypeError(f"num_samples must be an int, got {type(num_samples).__name__} ({num_samples!r})")
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    return int(num_samples)
+
+
+def _check_chunk(chunk_size) -> int | None:
+    if chunk_size is None:
+        return None
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+    return int(chunk_size)
+
+
+def _check_finite(dist: Distribution, argname: str) -> None:
+    if not _VALIDATE:
+        return
+    for name, value in distribution_parameters(dist).items():
+        # One reduction pass; a non-finite sum (NaN/inf present, or an overflow) is confirmed exactly.
+        if value.is_floating_point() and not bool(torch.isfinite(value.detach().sum())) \
+                and not bool(torch.isfinite(value.detach()).all()):
+            raise ValueError(f"{argname}: parameter {name.replace('dist', argname, 1)} has non-finite values "
+                             f"(shape {tuple(value.shape)})")
+
+
+def _example(form, seed: int) -> torch.Tensor:
+    """One real sample (no grad) for tracing: the first sample of the stream."""
+    with torch.no_grad():
+        return samples(form, stream_for(form, seed, 1).rows(0, 1))[0]
+
+
+def _plan(fn: Callable, form, seed: int, method: str, taylor_order: int | None) -> Plan:
+    """The classified trace of ``fn``: from the plan cache where that is safe, else traced on a sample."""
+    traced, cache, reason = cached_trace(fn, form, lambda: _example(form, seed))
+    if cache in ("hit", "stored") and traced.constant is not None:  # the result itself: the caller's copy
+        traced = dataclasses.replace(traced, constant=traced.constant.clone())
+    plan = classify(form, traced, method, taylor_order)
+    return dataclasses.replace(plan, cache=cache, cache_reason=reason)
+
+
+def plan_for(fn: Callable, dist: Distribution, *, seed: int = 0, method: str = "auto",
+             taylor_order: int | None = None) -> Plan:
+    """Trace ``fn`` under ``dist`` (or reuse the plan cache's trace) and classify it (no Monte Carlo work)."""
+    return _plan(fn, family_of(dist), seed, method, taylor_order)
+
+
+def explain(fn: Callable, dist: Distribution, *, method: str = "auto", taylor_order: int | None = None) -> Plan:
+    """How :func:`expectation` would compute ``E_{w~dist}[fn(w)]``.
+
+    Returns the frozen :class:`~mcgraph.engine.tuples.Plan`; its ``str()`` lists, per term,
+    the tier, the parameterization tuple (G, n, t) in words, d_P, and why a term
+    is not collapsible, and whether the trace came from the plan cache
+    (:mod:`mcgraph.engine.plan_cache`; ``plan.cache``).
+
+    Example:
+        >>> import torch, mcgraph as mg
+        >>> q = torch.distributions.Normal(torch.zeros(3), torch.ones(3))
+        >>> print(mg.explain(lambda w: (w - 1) ** 3, q).tiers)
+        (<Tier.COLLAPSED: 'collapsed'>,)
+    """
+    return plan_for(fn, dist, method=method, taylor_order=taylor_order)
+
+
+def evaluate(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size: int | None,
+             return_stderr: bool = False, shard=None):
+    """Run a plan: the sum over pieces of chain(Σ term values). ``chunk_size=None``: each tier's default.
+
+    The result has the trace's dtype (:attr:`~mcgraph.engine.trace.TraceResult.dtype`); an integer
+    or boolean integrand is averaged in the distribution's floating dtype and its result is
+    detached (piecewise constant in w: its pathwise gradient is zero almost everywhere).
+    With ``return_stderr`` an :class:`~mcgraph.engine.stderr.MCEstimate` (see :mod:`mcgraph.engine.stderr`).
+    """
+    traced = plan.trace
+    if traced.discrete:
+        fn = floating(fn, traced.dtype)
+    collector = StderrCollector(plan) if return_stderr else None
+    out = _run_tiers(plan, fn, seed, num_samples, chunk_size, collector, shard)
+    if traced.dtype is not None and out.dtype != traced.dtype:
+        out = out.to(traced.dtype)
+    out = out.detach() if traced.discrete else out
+    if collector is None:
+        return out
+    se = collector.finish(fn, seed, num_samples, chunk_size, collector.stats, out)
+    return MCEstimate(out, se, num_samples)
+
+
+def _run_tiers(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size: int | None,
+               collector: StderrCollector | None = None, shard=None) -> torch.Tensor:
+    form, traced = plan.form, plan.trace
+    sink = collector.sink_for if collector is not None else (lambda term: None)
+
+    def chunk(tier: str) -> int:
+        return chunk_size if chunk_size is not None else default_chunk(form, num_samples, tier)
+
+    if traced.constant is not None:
+        return traced.constant
+    whole = plan.whole
+    if whole is not None:
+        if whole.tier == Tier.DIRECT:
+            if shard is not None:
+                raise ValueError("method='direct' (the naive graph, for comparisons) does not split samples "
+                                 "across processes: use process_group=None or another method")
+            return direct_value(form, fn, seed, num_samples)
+        return chunked_value(form, fn, seed, num_samples, chunk("chunked"), shard, moments=sink(whole))
+
+    stats = {}
+    collapsed = [t for t in plan.terms if t.tier == Tier.COLLAPSED]
+    if collapsed:
+        keys = set().union(*(t.stat_keys for t in collapsed))
+        if collector is not None:
+            keys |= collector.extra_keys()
+        stats = statistics(form, keys, seed, num_samples, chunk("collapsed"), any(t.exact for t in collapsed),
+                           shard)
+        if collector is not None:
+            collector.stats = stats
+    analytic = [t for t in plan.terms if t.tier == Tier.ANALYTIC]
+    exact_stats = analytic_statistics(form, set().union(*(t.stat_keys for t in analytic))) if analytic else {}
+    piece_values: dict[int, torch.Tensor] = {}
+    for term in plan.terms:
+        if term.tier == Tier.COLLAPSED:  # one sample: t̄_j = ξ^j, the polynomial is evaluated at w itself
+            v = collapsed_value(form, term, stats, one_sample=num_samples == 1)
+        elif term.tier == Tier.ANALYTIC:
+            v = collapsed_value(form, term, exact_stats)
+        else:
+            shape = _node_shape(form, term.node)
+            v = fused_value(form, term.node, shape, seed, num_samples, chunk("fused"), shard, moments=sink(term))
+        piece_values[term.piece] = v if term.piece not in piece_values else piece_values[term.piece] + v
+    out = None
+    for i, piece in enumerate(traced.expr.pieces):
+        v = piece.apply_chain(piece_values[i])
+        out = v if out is None else out + v
+    if tuple(out.shape) != tuple(traced.out_shape):
+        out = out.broadcast_to(traced.out_shape)
+    return out
+
+
+def _node_shape(form, node) -> torch.Size:
+    shapes = [c.shape for c in node.constants() if isinstance(c, torch.Tensor)]
+    return torch.broadcast_shapes(form.shape, *shapes)
+
+
+def _check_stderr(return_stderr, num_samples: int, taylor_order, shard=None) -> bool:
+    if not isinstance(return_stderr, bool):
+        raise TypeError(f"return_stderr must be a bool, got {type(return_stderr).__name__}")
+    if return_stderr and num_samples < 2:
+        raise ValueError(f"num_samples must be >= 2 with return_stderr=True (a single sample has no variance "
+                         f"to estimate), got {num_samples}")
+    if return_stderr and taylor_order is not None:
+        raise ValueError("return_stderr=True with taylor_order: the Taylor approximation is biased, its "
+                         "Monte Carlo error is not the error of the result; drop one of them")
+    refuse_with_process_group(return_stderr, shard)
+    return return_stderr
+
+
+def expectation(fn: Callable, dist: Distribution, num_samples: int, *, seed: int | None = None,
+                method: str = "auto", chunk_size: int | None = None,
+                taylor_order: int | None = None, return_stderr: bool = False, process_group=None):
+    """Monte Carlo estimate of ``E_{w~dist}[fn(w)]`` whose graph does not grow with M.
+
+    .. math::
+        \\hat E = \\frac1M \\sum_{i=1}^M fn(w_i), \\qquad w_i = W(\\theta, \\xi_i)
+
+    ``fn`` is traced once and split into terms; each term is computed by the
+    collapsed, fused or chunked tier (see :func:`explain`). For a given ``seed``
+    every method consumes the same noise ξ and returns the same value and
+    gradients up to float rounding.
+
+    Args:
+        fn: maps a tensor shaped like ``dist.sample()`` to a tensor. Elementwise
+            ``fn`` gives an elementwise expectation; a reducing ``fn`` the reduced one.
+        dist: a ``torch.distributions.Distribution`` (registered family, or with ``rsample``).
+        num_samples: M ≥ 1.
+        seed: noise seed; ``None`` draws one from torch's global generator.
+        method: ``"auto"`` | ``"collapsed"`` | ``"collapsed-exact"`` | ``"fused"`` |
+            ``"chunked"`` | ``"direct"`` | ``"analytic"`` | ``"auto-analytic"``. ``"collapsed-exact"``
+            draws the statistics from their exact joint law (Gaussian noise, degree ≤ 2): same
+            distribution as the estimator, not the same numbers, O(P) for any M. ``"direct"`` is
+            the naive graph. ``"analytic"`` takes every term exactly (a polynomial term under a
+            noise law with known moments, see :mod:`mcgraph.engine.moments`): no sampling, graph and time
+            independent of M; a term without an exact form raises ``ValueError`` with the reason.
+            ``"auto-analytic"`` is ``"auto"`` with the polynomial terms exact where they can be
+            (``"auto"`` never is: the exact tier is used only when asked for).
+        chunk_size: samples per chunk (memory O(chunk_size · P)); default: one noise block for
+            the statistics, about 2^20 elements for the fused and chunked tiers.
+        taylor_order: opt-in Taylor approximation of non-collapsible terms (paper §4.1).
+        return_stderr: also return the standard error of the M-sample estimator, computed in
+            the same pass (:mod:`mcgraph.engine.stderr`; needs ``num_samples >= 2``, not with
+            ``taylor_order`` nor with ``process_group``).
+        process_group: ``None`` (one process) or a ``torch.distributed`` process group whose
+            ranks split the M samples by index (:mod:`mcgraph.engine.distributed`): every rank calls
+            with the same arguments, evaluates its share, and gets the full M-sample value and
+            gradients, equal to the one-process result for the same seed up to float rounding
+            (one all-reduce per tier). ``seed=None`` draws one seed common to all ranks.
+
+    Returns:
+        With ``return_stderr``: an :class:`~mcgraph.engine.stderr.MCEstimate` ``(value, stderr,
+        num_samples)``, ``stderr`` detached, of the value's shape, 0 for exact terms. Otherwise
+        a tensor of ``fn``'s output shape, differentiable w.r.t. every tensor ``dist``
+        and ``fn`` depend on, in ``fn``'s dtype when ``fn`` returns floating values.
+        An integer or boolean ``fn`` (an indicator ``w > 0``, a count) is averaged in
+        ``dist``'s floating dtype: ``E[1{w ∈ A}]`` estimates the probability P(w ∈ A).
+        That result is detached: the integrand is piecewise constant in w, so its
+        pathwise (reparameterisation) gradient is zero almost everywhere, and it is *not*
+        the gradient of the probability (which needs a score-function or a smoothed
+        estimator).
+
+    Raises:
+        TypeError / ValueError: bad ``num_samples``, ``seed``, ``chunk_size``, ``method``,
+            non-finite parameters, or ``fn`` failing on a sample.
+        NotImplementedError: ``dist`` has no registered family and no ``rsample``.
+
+    Example:
+        >>> import torch, mcgraph as mg
+        >>> mu = torch.zeros(4, requires_grad=True)
+        >>> q = torch.distributions.Normal(mu, torch.ones(4))
+        >>> e = mg.expectation(lambda w: w ** 2, q, num_samples=10_000, seed=0)
+        >>> bool(((e - 1).abs() < 0.1).all())
+        True
+        >>> p = mg.expectation(lambda w: w > 0, q, num_samples=10_000, seed=0)   # P(w > 0) = 0.5
+        >>> p.dtype, bool(((p - 0.5).abs() < 0.05).all()), p.requires_grad
+        (torch.float32, True, False)
+        >>> value, stderr, _ = mg.expectation(lambda w: w ** 2, q, 10_000, seed=0, return_stderr=True)
+        >>> bool(((stderr - 2 ** 0.5 / 100).abs() < 1e-3).all())   # sqrt(Var(w²) / M) = sqrt(2 / 10⁴)
+        True
+        >>> mg.expectation(lambda w: w ** 2, q, 1, method="analytic")   # exact: E[w²] = μ² + σ²
+        tensor([1., 1., 1., 1.], grad_fn=<LocationScalePolynomialBackward>)
+    """
+    with sharded(process_group, seed, num_samples) as (shard, seed):
+        num_samples = _check_num_samples(num_samples)
+        return_stderr = _check_stderr(return_stderr, num_samples, taylor_order, shard)
+        form = family_of(dist)
+        _check_finite(dist, "dist")
+        seed = resolve_seed(seed)
+        chunk = _check_chunk(chunk_size)
+        plan = _plan(fn, form, seed, method, taylor_order)
+        return evaluate(plan, guarded(fn), seed, num_samples, chunk, return_stderr, shard)
+
+
+@contextlib.contextmanager
+def _no_validation(dist: Distribution):
+    """Evaluate ``dist.log_prob`` without per-call validation (its support is checked once on a sample)."""
+    old = dist.__dict__.get("_validate_args", None)
+    managed = isinstance(getattr(type(dist), "_validate_args", None), property)  # e.g. Pyro's Independent
+    before = dist._validate_args
+    dist._validate_args = False
+    try:
+        yield
+    finally:
+        if managed:
+            dist._validate_args = before
+        elif old is None:
+            del dist._validate_args
+        else:
+            dist._validate_args = old
+
+
+def _sum_rightmost(x: torch.Tensor, n: int) -> torch.Tensor:
+    return x.sum(tuple(range(-n, 0))) if n > 0 else x
+
+
+def kl_divergence(q: Distribution, p: Distribution, num_samples: int, *, seed: int | None = None,
+                  method: str = "auto", chunk_size: int | None = None,
+                  taylor_order: int | None = None, return_stderr: bool = False, process_group=None):
+    """Monte Carlo estimate of KL(q ‖ p) with torch's shape semantics (``q.batch_shape``).
+
+    .. math::
+        KL(q\\|p) = -H(q) - E_q[\\log p(w)]
+
+    The entropy H(q) is taken in closed form where ``q.entropy()`` exists; otherwise
+    ``E_q[log q(w)]`` is estimated by the engine with the same noise. ``E_q[log p(w)]``
+    is estimated by :func:`expectation` (collapsed/fused/chunked per term).
+
+    An improper prior (``mcgraph.distributions.LogUniform``) is accepted: its density
+    is defined up to an additive constant, so the KL is too (the constant is dropped).
+
+    Args:
+        q: the approximate posterior (registered family or ``rsample``).
+        p: the prior, any distribution with ``log_prob`` whose shape broadcasts with q's samples.
+        num_samples, seed, method, chunk_size, taylor_order, process_group: as in :func:`expectation`.
+        return_stderr: also return the standard error of the estimate (an
+            :class:`~mcgraph.engine.stderr.MCEstimate`). When the entropy is estimated too (no closed
+            form), it shares the noise with the cross term, and the standard error is that of the
+            per-sample difference ``log q(w_i) − log p(w_i)`` (one extra pass over the same noise).
+
+    Returns:
+        Tensor of shape ``q.batch_shape`` (broadcast with p's batch shape).
+
+    Example:
+        >>> import torch, mcgraph as mg
+        >>> q = torch.distributions.Normal(torch.zeros(3), torch.ones(3))
+        >>> p = mg.distributions.ScaleMixtureNormal(pi=0.5, scale1=1.0, scale2=1e-3)
+        >>> mg.kl_divergence(q, p, num_samples=1000, seed=0).shape
+        torch.Size([3])
+    """
+    with sharded(process_group, seed, num_samples) as (shard, seed):
+        return _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, return_stderr, shard)
+
+
+def _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, return_stderr, shard):
+    if not isinstance(q, Distribution):
+        raise TypeError(f"q must be a torch.distributions.Distribution, got {type(q).__name__}")
+    if not isinstance(p, Distribution):
+        raise TypeError(f"p must be a torch.distributions.Distribution, got {type(p).__name__}")
+    q_shape = q.batch_shape + q.event_shape
+    p_shape = p.batch_shape + p.event_shape
+    try:
+        torch.broadcast_shapes(q_shape, p_shape)
+    except RuntimeError as e:
+        raise ValueError(f"p: shape {tuple(p_shape)} (batch {tuple(p.batch_shape)} + event "
+                         f"{tuple(p.event_shape)}) does not broadcast with q's sample shape {tuple(q_shape)}") from e
+    extra = len(q.event_shape) - len(p.event_shape)
+    if extra < 0:
+        raise ValueError(f"p: event_shape {tuple(p.event_shape)} has more dimensions than q.event_shape "
+                         f"{tuple(q.event_shape)}; the KL per q batch element is undefined")
+    _check_finite(p, "p")
+    seed = resolve_seed(seed)
+    return_stderr = _check_stderr(return_stderr, _check_num_samples(num_samples), taylor_order, shard)
+
+    def log_p(w):
+        return _sum_rightmost(p.log_prob(w), extra)
+
+    with _no_validation(p):
+        cross = cross_se = neg_entropy_se = None
+        if method in ("auto", "fused") and taylor_order is None and not return_stderr and shard is None:
+            # a registered Triton integrand, if any
+            cross = backend.log_prob_expectation(q, p, num_samples, seed, sum_rightmost=extra)
+        if cross is None:
+            cross = expectation(log_p, q, num_samples, seed=seed, method=method, chunk_size=chunk_size,
+                                taylor_order=taylor_order, return_stderr=return_stderr, process_group=shard)
+            if return_stderr:
+                cross, cross_se, _ = cross
+        try:
+            entropy = q.entropy()
+        except NotImplementedError:
+            entropy = None
+        if entropy is not None:  # −(H + E[log p]): one negation (forward and backward) instead of two
+            value = (entropy + cross).neg()
+        else:
+            neg_entropy = expectation(q.log_prob, q, num_samples, seed=seed, method="auto"
+                                      if method in ("collapsed", "collapsed-exact", "fused") else method,
+                                      chunk_size=chunk_size, return_stderr=return_stderr, process_group=shard)
+            if return_stderr:
+                neg_entropy, neg_entropy_se, _ = neg_entropy
+            value = neg_entropy - cross
+        if not return_stderr:
+            return value
+        if neg_entropy_se is None or not bool((neg_entropy_se > 0).any()):
+            se = cross_se
+        elif not bool((cross_se > 0).any()):
+            se = neg_entropy_se
+        else:  # both estimated from the same noise: the error of the per-sample difference
+            from .stderr import per_sample_moments
+
+            se = per_sample_moments(family_of(q), lambda w: q.log_prob(w) - log_p(w), seed, num_samples,
+                                    chunk_size).stderr().to(value.dtype)
+    return MCEstimate(value, se.broadcast_to(value.shape), num_samples)

@@ -1,0 +1,352 @@
+"""The one module that decides between the torch, the Triton and the compiled CPU backend.
+
+* CUDA tensor and Triton importable → ``"triton"``: compiled kernels that draw
+  the noise in registers (:mod:`mcgraph.kernels`).
+* Anything else → ``"torch"``: the pure-torch engine (chunked noise blocks).
+* The environment variable ``MCGRAPH_BACKEND`` (``torch`` | ``triton`` | ``cpu-philox`` |
+  ``auto``, read at every call, never at import) overrides: ``triton`` on CPU tensors runs
+  the kernels in Triton's interpreter, which needs ``TRITON_INTERPRET=1`` set
+  before :mod:`mcgraph.kernels` is first imported (tests do this).
+
+The noise stream of a CPU form (:func:`stream_kind`). CPU tensors may read their noise
+from the compiled Philox stream (:mod:`mcgraph.engine.cpu_philox`: the Triton layout, drawn and
+reduced to the collapsed statistics in one OpenMP loop) instead of torch's generator.
+Radial forms read its rows (the Triton Radial layout, :func:`mcgraph.engine.cpu_philox.rows`); their
+collapsed statistics of positive powers are summed over those rows, chunk by chunk, by
+:func:`mcgraph.engine.cpu_philox.radial_statistics` (others: reduced from the rows in torch):
+
+* ``MCGRAPH_BACKEND=cpu-philox``: every CPU form whose noise law the stream draws, at any M.
+* ``auto`` (the default): the same, but only from :data:`CPU_PHILOX_AUTO_MIN_DRAWS` draws
+  M·P on, where it is faster than torch's ``randn`` even on one core; smaller calls keep
+  the torch stream (and build nothing).
+* ``torch``: never.
+
+In both cases the library must build (once per machine, on first need: about a second
+with a C++ compiler; :func:`mcgraph.engine.cpu_philox.extension`); if it cannot, the torch
+stream runs, silently, and ``explain`` says why. The choice depends only on the form
+(device, dtype, noise law), M and ``MCGRAPH_BACKEND`` — never on the method, the chunk
+size or the thread count — so every method consumes the same noise for a given seed.
+Moving a call across the threshold (changing M) changes the stream, hence the numbers
+for that seed; ``MCGRAPH_BACKEND=torch`` pins the torch stream for all M.
+
+Importing this module (or :mod:`mcgraph`) imports neither Triton nor the
+kernels and touches no GPU; :func:`triton_available` only looks for the
+package. The Triton backend has its own noise stream (Philox, see
+:mod:`mcgraph.kernels.noise_laws`); within a backend every method consumes the
+same noise for a given seed. The engine reaches the kernels only through the
+functions below, each of which returns ``None`` when the torch path should run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import os
+import sys
+from enum import Enum
+
+import torch
+
+#: The environment variable that overrides the automatic choice.
+ENV_VAR = "MCGRAPH_BACKEND"
+
+
+class Backend(str, Enum):
+    """Values of ``MCGRAPH_BACKEND``."""
+
+    #: Always the pure-torch engine.
+    TORCH = "torch"
+    #: Always the Triton kernels (CPU tensors: interpreter, ``TRITON_INTERPRET=1``).
+    TRITON = "triton"
+    #: CPU tensors: the compiled Philox noise stream at any M (torch's when it cannot be built);
+    #: CUDA tensors as under ``auto``.
+    CPU_PHILOX = "cpu-philox"
+    #: Triton for CUDA tensors when Triton is installed; CPU tensors: the compiled Philox stream from
+    #: :data:`CPU_PHILOX_AUTO_MIN_DRAWS` draws on, torch's below (the default).
+    AUTO = "auto"
+
+
+#: Under ``auto``, CPU forms draw from the compiled Philox stream when M·P reaches this many draws.
+CPU_PHILOX_AUTO_MIN_DRAWS = 1 << 22
+
+
+_TRITON_FOUND: bool | None = None
+
+
+def triton_available() -> bool:
+    """Whether the ``triton`` package can be imported (looked up, not imported)."""
+    global _TRITON_FOUND
+    if _TRITON_FOUND is None:
+        _TRITON_FOUND = importlib.util.find_spec("triton") is not None
+    return _TRITON_FOUND
+
+
+def requested_backend() -> Backend:
+    """``MCGRAPH_BACKEND`` as a :class:`Backend` (``auto`` when unset); read now, not cached."""
+    raw = os.environ.get(ENV_VAR, "").strip().lower() or Backend.AUTO.value
+    try:
+        return Backend(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_VAR}={os.environ.get(ENV_VAR)!r}: expected one of "
+                         f"{[b.value for b in Backend]}") from None
+
+
+def _interpreting() -> bool:
+    """Whether the kernels run (or will run, once imported) in Triton's interpreter."""
+    utils = sys.modules.get("mcgraph.kernels.utils")
+    if utils is not None:
+        return utils.INTERPRETED
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on")
+
+
+def backend_for(tensor: torch.Tensor) -> str:
+    """``"triton"`` or ``"torch"``: which backend computes with ``tensor``'s device.
+
+    Raises:
+        ValueError: ``MCGRAPH_BACKEND`` has an unknown value.
+        RuntimeError: ``MCGRAPH_BACKEND=triton`` but Triton is missing, or the tensor is on
+            CPU without Triton's interpreter, or on a device Triton does not run on.
+
+    Example:
+        >>> backend_for(torch.zeros(3))  # CPU tensor, no override
+        'torch'
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+    mode = requested_backend()
+    device = tensor.device.type
+    if mode == Backend.TORCH:
+        return "torch"
+    if mode in (Backend.AUTO, Backend.CPU_PHILOX):  # cpu-philox: a CPU noise stream in torch's engine
+        return "triton" if device == "cuda" and triton_available() else "torch"
+    if not triton_available():
+        raise RuntimeError(f"{ENV_VAR}=triton but the triton package is not installed")
+    if device == "cuda":
+        return "triton"
+    if device == "cpu":
+        if not _interpreting():
+            raise RuntimeError(
+                f"{ENV_VAR}=triton on CPU tensors runs Triton's interpreter: set TRITON_INTERPRET=1 in the "
+                f"environment before mcgraph.kernels is first imported (it was "
+                f"{'imported compiled' if 'mcgraph.kernels.utils' in sys.modules else 'not set'})")
+        return "triton"
+    raise RuntimeError(f"{ENV_VAR}=triton: device {tensor.device} is not supported by the Triton kernels "
+                       f"(cuda, or cpu under TRITON_INTERPRET=1)")
+
+
+def _kernels(module: str):
+    return importlib.import_module(f"mcgraph.kernels.{module}")
+
+
+# --------------------------------------------------------------------------- engine noise laws → Triton
+
+
+def triton_noise(form) -> tuple[str, int] | None:
+    """``(law name, event_ndims)`` of the Triton noise law matching ``form.noise``; ``None`` if none does.
+
+    Laws whose parameters live in a sampler closure (Gamma, inverse Gamma, Weibull,
+    Student-t noise) have no Triton counterpart: their forms keep the torch stream.
+    """
+    from . import noise as nz
+
+    law = getattr(form, "noise", None)
+    if law is None:
+        return None
+    table = {id(nz.STANDARD_NORMAL): "normal", id(nz.STANDARD_LAPLACE): "laplace",
+             id(nz.STANDARD_LOGISTIC): "logistic", id(nz.STANDARD_CAUCHY): "cauchy",
+             id(nz.STANDARD_GUMBEL): "gumbel", id(nz.STANDARD_UNIFORM): "uniform",
+             id(nz.STANDARD_EXPONENTIAL): "exponential", id(nz.STANDARD_HALF_NORMAL): "half_normal",
+             id(nz.STANDARD_HALF_CAUCHY): "half_cauchy", id(nz.STANDARD_RAYLEIGH): "rayleigh"}
+    name = table.get(id(law))
+    if name is not None:
+        return name, 0
+    if law.name.startswith("Radial"):
+        return "radial", law.event_ndims
+    return None
+
+
+def _triton_form(form) -> tuple[str, int] | None:
+    """The Triton noise of a :class:`~mcgraph.engine.families.SamplingForm` on the Triton backend, else ``None``."""
+    from .families import SamplingForm
+
+    if not isinstance(form, SamplingForm) or backend_for(form.scale) != "triton":
+        return None
+    return triton_noise(form)
+
+
+def cpu_philox_law(form) -> str | None:
+    """The compiled CPU stream's law for ``form`` (a CPU :class:`~mcgraph.engine.families.SamplingForm` with a
+    floating dtype and a law of :data:`mcgraph.engine.cpu_philox.ROW_LAWS`: the elementwise laws, or
+    ``"radial"``, whose statistics are reduced from the rows), else ``None``. Builds nothing."""
+    from .cpu_philox import ROW_LAWS
+    from .families import SamplingForm
+
+    if not isinstance(form, SamplingForm) or form.device.type != "cpu" or not form.dtype.is_floating_point:
+        return None
+    noise = triton_noise(form)
+    if noise is None or noise[0] not in ROW_LAWS or (noise[1] != 0 and noise[0] != "radial"):
+        return None
+    return noise[0]
+
+
+def _cpu_philox_wanted(form, num_samples: int) -> bool:
+    """Whether ``MCGRAPH_BACKEND`` asks for the compiled stream for this form and M (builds nothing)."""
+    mode = requested_backend()
+    if mode == Backend.CPU_PHILOX:
+        return True
+    return mode == Backend.AUTO and num_samples * math.prod(form.noise_shape) >= CPU_PHILOX_AUTO_MIN_DRAWS
+
+
+def stream_kind(form, num_samples: int) -> str:
+    """Which noise stream the engine reads for ``form`` and M: ``"triton"``, ``"cpu-philox"`` or ``"torch"``.
+
+    A function of (form, M, ``MCGRAPH_BACKEND``) only (see the module docstring); for
+    ``"cpu-philox"`` it builds the library on first need and answers ``"torch"`` when it cannot.
+
+    Example:
+        >>> import torch, mcgraph as mg
+        >>> form = mg.family_of(torch.distributions.Normal(torch.zeros(3), torch.ones(3)))
+        >>> stream_kind(form, 10)  # 30 draws: below the auto threshold
+        'torch'
+    """
+    if _triton_form(form) is not None:
+        return "triton"
+    if cpu_philox_law(form) is None or not _cpu_philox_wanted(form, num_samples):
+        return "torch"
+    from . import cpu_philox
+
+    return "cpu-philox" if cpu_philox.extension() is not None else "torch"
+
+
+def describe_stream(form) -> str:
+    """``explain``'s line on the noise stream of ``form`` (builds nothing)."""
+    from . import cpu_philox
+
+    if _triton_form(form) is not None:
+        return "Philox4x32-10 in the Triton kernels (backend triton)"
+    torch_stream = "torch's generator, blocks seeded by mix_seed(seed, block)"
+    law = cpu_philox_law(form)
+    mode = requested_backend()
+    if law is None or mode not in (Backend.AUTO, Backend.CPU_PHILOX):
+        return torch_stream
+    if cpu_philox.unavailable_reason() is not None:
+        why = cpu_philox.unavailable_reason()
+        return f"{torch_stream} (the compiled CPU Philox stream is unavailable: {why})"
+    state = (f"built for {cpu_philox.isa()}" if cpu_philox.built() else "built at first use")
+    how = ("rows drawn, normalised per event, then power sums in one pass" if law == "radial"
+           else "draw and statistics in one loop")
+    compiled = (f"compiled CPU Philox4x32-10, {how} over {torch.get_num_threads()} thread(s) ({state})")
+    if mode == Backend.CPU_PHILOX:
+        return f"{compiled} [MCGRAPH_BACKEND=cpu-philox]"
+    return f"{compiled} when M·P ≥ {CPU_PHILOX_AUTO_MIN_DRAWS} draws, else {torch_stream}"
+
+
+def noise_stream(form, seed: int, num_samples: int):
+    """The Triton or compiled CPU noise stream of ``form`` (``rows``/``chunks`` like
+    :class:`mcgraph.engine.noise.BlockStream`), or ``None`` for the torch stream (:func:`stream_kind`).
+
+    Engine hook: the first statement of ``mcgraph.engine.estimators.sampling.stream_for``, so the
+    direct, chunked, collapsed and torch-fused estimators read the same ξ as the kernels.
+    """
+    kind = stream_kind(form, num_samples)
+    if kind == "cpu-philox":
+        from .cpu_philox import PhiloxCPUStream
+
+        return PhiloxCPUStream(cpu_philox_law(form), form.noise_shape, num_samples, seed, form.dtype,
+                               event_ndims=triton_noise(form)[1])
+    if kind != "triton":
+        return None
+    name, event_ndims = _triton_form(form)
+    return _kernels("noise_laws").TritonNoiseStream(name, form.noise_shape, num_samples, seed, form.dtype,
+                                                    form.device, event_ndims=event_ndims)
+
+
+def noise_statistics(form, keys, seed: int, num_samples: int) -> dict | None:
+    """``{(a, j): mean_i ξ_i^a (log ξ_i)^j}`` (shape ``form.noise_shape``) in one pass that never
+    materialises the noise — one Triton kernel, or the compiled CPU loop — or ``None`` (torch stream).
+
+    Engine hook: ``mcgraph.engine.estimators.collapsed.statistics`` before its chunked torch path
+    (not for ``exact``: the exact Gaussian sampler is O(P) already).
+    """
+    kind = stream_kind(form, num_samples)
+    if kind == "cpu-philox":
+        from . import cpu_philox
+
+        if cpu_philox_law(form) not in cpu_philox.LAWS:  # Radial: powers summed over its rows
+            return cpu_philox.radial_statistics(tuple(form.noise_shape), num_samples, seed,
+                                                tuple(sorted(keys)), form.dtype,
+                                                event_ndims=triton_noise(form)[1])
+        return cpu_philox.statistics(cpu_philox_law(form), tuple(form.noise_shape), num_samples, seed,
+                                     tuple(sorted(keys)), form.dtype)
+    if kind != "triton":
+        return None
+    name, event_ndims = _triton_form(form)
+    return _kernels("noise_stats").noise_statistics(name, tuple(form.noise_shape), num_samples, seed,
+                                                    tuple(sorted(keys)), form.dtype, form.device,
+                                                    event_ndims=event_ndims)
+
+
+def log_prob_expectation(q, p, num_samples: int, seed: int, *, sum_rightmost: int = 0) -> torch.Tensor | None:
+    """``E_q[Σ_rightmost log p(w)]`` by the fused Triton kernel, or ``None`` when it does not apply.
+
+    Applies when ``q``'s family has a Triton noise law, its transforms are none or one
+    ``exp``, ``p`` (or its ``Independent`` base) has a registered Triton log-density
+    and ``p``'s shape broadcasts into ``q``'s. Engine hook: ``mcgraph.engine.api.kl_divergence``
+    for the cross term, when ``method`` is ``"auto"`` or ``"fused"``.
+    """
+    from .families import family_of, is_exp
+
+    form = family_of(q)
+    noise = _triton_form(form)
+    if noise is None or tuple(form.noise_shape) != tuple(form.shape):
+        return None
+    if not form.transforms:
+        kind = "scaling" if form.is_scaling else "location_scale"
+    elif len(form.transforms) == 1 and is_exp(form.transforms[0]) and not form.is_scaling:
+        kind = "exp"
+    else:
+        return None
+    fused = _kernels("fused_elementwise")
+    base, _ = fused.unwrap_independent(p)
+    if _kernels("integrands").LOG_PROBS.lookup(type(base)) is None:
+        return None
+    if not _kernels("reference").broadcasts_to(p.batch_shape + p.event_shape, form.shape):
+        return None
+    name, event_ndims = noise
+    value = fused.fused_log_prob_expectation(p, form.loc, form.scale, kind, num_samples, seed, noise=name,
+                                             event_ndims=event_ndims, shape=form.noise_shape)
+    return value.sum(tuple(range(-sum_rightmost, 0))) if sum_rightmost > 0 else value
+
+
+def softmax_cross_entropy_mc(mean_logits: torch.Tensor, std_logits: torch.Tensor, targets: torch.Tensor,
+                             num_samples: int, seed: int | None = None,
+                             chunk_size: int | None = None) -> torch.Tensor:
+    """Expected cross-entropy of Gaussian logits ``u = mean + std·ε`` per row, on the backend of ``mean_logits``.
+
+    .. math::
+        L_b = \\frac1M \\sum_{i=1}^M \\Big[\\log\\sum_k e^{u_{ibk}} - u_{ib y_b}\\Big]
+
+    Triton: ε in registers, memory O(B·K) for any M. Torch: chunks of ``chunk_size``
+    samples, memory O(chunk·B·K). The two backends use different noise streams.
+
+    Args:
+        mean_logits: (*, K); std_logits: (*, K) or broadcastable; targets: (*) ints in [0, K).
+        num_samples: M ≥ 1; seed: ``None`` draws one from torch's global generator.
+        chunk_size: torch backend only.
+
+    Returns:
+        (*) per-row expected NLL, differentiable in ``mean_logits`` and ``std_logits``.
+
+    Example:
+        >>> m = torch.zeros(2, 3, requires_grad=True)
+        >>> softmax_cross_entropy_mc(m, torch.ones(2, 3), torch.tensor([0, 2]), 10, seed=0).shape
+        torch.Size([2])
+    """
+    from .noise import resolve_seed
+
+    seed = resolve_seed(seed)
+    if backend_for(mean_logits) == "triton":
+        return _kernels("softmax_mc").softmax_cross_entropy_mc(mean_logits, std_logits, targets, num_samples, seed)
+    return _kernels("reference").softmax_cross_entropy_mc_torch(mean_logits, std_logits, targets, num_samples,
+                                                                seed=seed, chunk_size=chunk_size)

@@ -1,0 +1,66 @@
+"""The KL of a whole model: the sum of its Bayesian layers' KL terms, each with its own prior."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..engine.distributed import sharded
+from ..engine.noise import mix_seed, resolve_seed, reuse_noise_blocks
+from .context import bayesian_modules
+
+__all__ = ["kl"]
+
+
+def kl(model: nn.Module, num_samples: int | None = None, *, seed: int | None = None,
+       method: str = "auto", return_stderr: bool = False, process_group=None):
+    """Sum of KL(q ‖ p) over the Bayesian layers of ``model``, each with its own prior.
+
+    .. math::
+        KL(q\\|p) = \\sum_{\\text{layers } l} \\sum_{j} KL(q_{lj} \\| p_{lj})
+
+    (a sum over weights; scale it by the dataset size yourself or use
+    :func:`~mcgraph.nn.elbo`). Each layer's term goes through
+    :func:`mcgraph.kl_divergence`, so the graph does not grow with M.
+
+    Args:
+        model: a module containing Bayesian layers (or a Bayesian layer).
+        num_samples: M for every layer; ``None`` uses each layer's ``kl_samples``.
+        seed: noise seed; layer ``l`` uses ``mix(seed, l)`` (``None``: drawn once).
+        method: the engine's method (``"auto"``, ``"collapsed-exact"``, ``"direct"``, …).
+        return_stderr: return ``(value, stderr)``, the standard error of the sum (layers are
+            seeded apart, so their variances add; see :meth:`BayesLayer.kl`).
+        process_group: ``None``, or a ``torch.distributed`` group whose ranks split every layer's
+            samples (:func:`mcgraph.expectation`); each rank gets the full KL and its gradients,
+            so under data parallelism the KL is counted once (see the README).
+
+    Returns:
+        A 0-d tensor (0 when the model has no Bayesian layer).
+
+    Example:
+        >>> import torch, mcgraph as mg
+        >>> bnn = mg.nn.bayesify(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+        ...                                          torch.nn.Linear(8, 2)), prior="laplace", kl_samples=100)
+        >>> value = mg.nn.kl(bnn, seed=0)
+        >>> value.shape, value.requires_grad
+        (torch.Size([]), True)
+    """
+    # the layers' noise streams draw one after another into one block of memory
+    with sharded(process_group, seed, 0 if num_samples is None else num_samples) as (shard, seed), \
+            reuse_noise_blocks():
+        layers = bayesian_modules(model)
+        seed = resolve_seed(seed)
+        total = var = None
+        for i, layer in enumerate(layers):
+            v = layer.kl(num_samples, seed=mix_seed(seed, i), method=method, return_stderr=return_stderr,
+                         process_group=shard)
+            if return_stderr:
+                v, se = v
+                var = se * se if var is None else var + se * se
+            total = v if total is None else total + v
+    if total is None:
+        p = next(model.parameters(), None)
+        total = torch.zeros((), dtype=p.dtype if p is not None else None,
+                            device=p.device if p is not None else None)
+        var = torch.zeros_like(total)
+    return (total, var.sqrt()) if return_stderr else total

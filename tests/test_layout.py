@@ -1,0 +1,148 @@
+"""The package's shape: no import cycle among mcgraph's modules, and imports only run down the floors
+(engine ← nn, optim, interop ← apps). Every import is read from the source, lazy ones inside functions too."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = {"mcgraph": ROOT / "mcgraph", "mcgraph.kernels": ROOT / "kernels"}
+
+#: What each part may import from mcgraph (besides itself). ``mcgraph`` is the package's face.
+FLOORS = {
+    "mcgraph.kernels": {"mcgraph.distributions", "mcgraph.engine"},  # the engine's Triton backend
+    "mcgraph.distributions": set(),
+    "mcgraph.metrics": set(),
+    "mcgraph.models": set(),
+    "mcgraph.engine": {"mcgraph.kernels", "mcgraph.distributions"},
+    "mcgraph.nn": {"mcgraph.engine", "mcgraph.kernels", "mcgraph.distributions", "mcgraph.metrics", "mcgraph.models"},
+    "mcgraph.optim": {"mcgraph.engine", "mcgraph.distributions", "mcgraph.nn", "mcgraph.metrics"},
+    "mcgraph.interop": {"mcgraph.engine", "mcgraph.distributions", "mcgraph.nn"},
+    "mcgraph.apps": {"mcgraph", "mcgraph.engine", "mcgraph.kernels", "mcgraph.distributions", "mcgraph.nn",
+                     "mcgraph.optim", "mcgraph.interop", "mcgraph.metrics", "mcgraph.models"},
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for name, base in PACKAGES.items():
+        for path in base.rglob("*.py"):
+            parts = list(path.relative_to(base).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join([name, *parts])] = path
+    return found
+
+
+def _imports(module: str, path: Path, known: set[str]) -> set[str]:
+    """mcgraph modules that ``module`` imports (the longest known prefix of each imported name)."""
+    is_pkg = path.name == "__init__.py"
+    package = module if is_pkg else module.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            names = [f"{base}.{a.name}" for a in node.names] + [base]
+        for name in names:
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name and name != module and not module.startswith(name + "."):
+                out.add(name)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {m: _imports(m, p, set(mods)) for m, p in mods.items()}
+
+
+def _part(module: str) -> str:
+    for part in sorted(FLOORS, key=len, reverse=True):
+        if module == part or module.startswith(part + "."):
+            return part
+    return module
+
+
+def test_no_import_cycle():
+    graph = _graph()
+    # package faces (__init__) re-export their children: an edge into a package's own face is not a cycle
+    edges = {m: {t for t in ts if not m.startswith(t + ".")} for m, ts in graph.items()}
+    state, stack, cycles = defaultdict(int), [], []
+
+    def visit(m):
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(edges.get(m, ())):
+            if state[t] == 1:
+                cycles.append(stack[stack.index(t):] + [t])
+            elif state[t] == 0:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(edges):
+        if state[m] == 0:
+            visit(m)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_imports_run_down_the_floors():
+    bad = []
+    for module, targets in _graph().items():
+        part = _part(module)
+        if part not in FLOORS:
+            continue
+        for t in targets:
+            tp = _part(t)
+            if tp != part and tp not in FLOORS[part]:
+                bad.append(f"{module} imports {t}")
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_module_names_are_unique():
+    by_name = defaultdict(list)
+    for module in _modules():
+        leaf = module.rpartition(".")[2]
+        if leaf not in ("__init__", "__main__") and module.rpartition(".")[0] != "":
+            by_name[leaf].append(module)
+    dup = {k: v for k, v in by_name.items() if len(v) > 1 and k not in {m.rpartition(".")[2] for m in PACKAGES}}
+    assert not dup, dup
+
+
+@pytest.mark.parametrize("path", ["mcgraph.expectation", "mcgraph.kl_divergence", "mcgraph.nn.bayesify",
+                                  "mcgraph.nn.kl", "mcgraph.nn.elbo", "mcgraph.optim.VOGN", "mcgraph.interop.kl"])
+def test_public_paths_resolve(path):
+    import mcgraph
+
+    obj = mcgraph
+    for part in path.split(".")[1:]:
+        obj = getattr(obj, part)
+    assert callable(obj)
+
+
+def test_every_package_ships_in_the_wheel():
+    """pyproject's package list names every folder with an ``__init__.py`` (a missing one installs
+    editable but not from the wheel), and the C++ source the CPU sampler compiles is package data."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    on_disk = {".".join(["mcgraph", *p.parent.relative_to(ROOT / "mcgraph").parts]).rstrip(".")
+               for p in (ROOT / "mcgraph").rglob("__init__.py")}
+    on_disk |= {"mcgraph.kernels"} if (ROOT / "kernels" / "__init__.py").exists() else set()
+    assert listed == on_disk, {"missing": sorted(on_disk - listed), "extra": sorted(listed - on_disk)}
+    data = config["package-data"]
+    sources = {p.relative_to(ROOT / "mcgraph" / "engine").as_posix()
+               for p in (ROOT / "mcgraph" / "engine" / "csrc").glob("*.cpp")}
+    assert sources and data.get("mcgraph.engine") == ["csrc/*.cpp"], data
