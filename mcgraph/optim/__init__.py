@@ -1,4 +1,4 @@
-"""Optimizers whose result is a posterior: VOGN, adaptive VB (and its SGHMC form), EM spike-and-slab pruning.
+"""Optimizers whose result is a posterior: VOGN, IVON, adaptive VB (and its SGHMC form), EM spike-and-slab pruning.
 
 Every variational optimizer here takes the network itself (not ``model.parameters()``)
 and trains its plain layers; the learned posterior is exposed as torch distributions
@@ -8,6 +8,7 @@ a :class:`SnapshotEnsemble`, which :func:`mcgraph.nn.predict` also takes.
 
 =============================== ==========================================================
 :class:`VOGN`                   natural-gradient VI (seed 003, Algorithm 1)
+:class:`IVON`                   improved variational online Newton (Shen et al., 2024), Adam's cost
 :class:`AdaptiveVB`             adaptive VB, α ∈ {½, 1} (seed 004, §2.2)
 :class:`AdaptiveSGHMC`          its memory-lean SGHMC form (the seed's released code)
 :class:`CyclicalCosineLR`       the cyclical cosine schedule; :class:`SnapshotEnsemble`
@@ -19,6 +20,7 @@ a :class:`SnapshotEnsemble`, which :func:`mcgraph.nn.predict` also takes.
 
 from .adaptive_vb import AdaptiveVB
 from .gaussian import GaussianVariationalOptimizer, posterior_model
+from .ivon import IVON, HessApprox
 from .per_example import SquaredGradients, register_rule
 from .schedules import CyclicalCosineLR
 from .sghmc import AdaptiveSGHMC
@@ -27,6 +29,6 @@ from .snapshots import SnapshotEnsemble
 from .spike_slab import GroupSpec, SpikeSlabEM, register_groups
 from .vogn import VOGN, VOGNVariant
 
-__all__ = ["AdaptiveSGHMC", "AdaptiveVB", "CyclicalCosineLR", "GaussianVariationalOptimizer", "GroupSpec",
+__all__ = ["AdaptiveSGHMC", "AdaptiveVB", "CyclicalCosineLR", "GaussianVariationalOptimizer", "GroupSpec", "HessApprox", "IVON",
            "SelectFeatures", "SnapshotEnsemble", "SpikeSlabEM", "SquaredGradients", "VOGN", "VOGNVariant",
            "count_compute", "posterior_model", "register_groups", "register_rule", "shrink"]
