@@ -73,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="vogn, adaptive-vb or adam (default: the ELBO training of the bayesified network)")
     g.add_argument("--mc-samples", type=_positive_int, default=1, help="weight samples per step (VOGN's K)")
     g.add_argument("--prior-precision", type=_non_negative_float, default=1.0, help="δ of the N(0, I/δ) prior")
-    g.add_argument("--damping", type=_non_negative_float, default=1e-3, help="VOGN's external damping γ")
+    g.add_argument("--damping", type=_non_negative_float, default=3e-2, help="VOGN's external damping γ")
     g.add_argument("--tempering", type=_positive_float, default=1.0, help="VOGN's τ (after its warm-up)")
     g.add_argument("--tempering-init", type=_positive_float, default=None, help="τ at step 1 of a linear warm-up")
     g.add_argument("--tempering-warmup-steps", type=_non_negative_int, default=0)

@@ -32,6 +32,15 @@ warm-up): the noise variance is ``τ/(N(s + δ̃ + γ))`` and the curvature aver
 * Noise is drawn from its own seeded generators (torch's global generator is never
   reseeded, unlike torchsso): sample ``k`` of draw ``t`` is reproducible from ``seed`` alone.
 
+**Defaults** (changed from ``lr=1e-4, damping=1e-3``, which left a 64-64-10 MLP on the 1 437
+digits at chance: the first sample's σ ≈ 0.6 per weight): ``lr=1e-3`` and ``damping=3e-2``
+bound the initial noise by ``σ ≤ 1/√(δ + Nγ)`` (0.15 for N = 1 437, 0.024 for N = 60 000) and
+train that MLP to ≥ 95 % in 20 epochs with only ``dataset_size`` given. No damping serves every
+N: on the first step (when ``init_precision`` is ``None``, so the loss at μ is known) VOGN raises a
+``RuntimeError`` with advice when the loss at the first weight sample is more than twice the loss
+at μ, i.e. when the posterior noise swamps the network and training would end near chance
+(``check_noise=False`` turns the check off).
+
 A step whose gradients, curvature or new state are not finite is skipped with a
 ``RuntimeWarning``; parameters and state are left unchanged (:attr:`skipped_steps`).
 
@@ -58,6 +67,7 @@ Example:
 from __future__ import annotations
 
 import enum
+import math
 import warnings
 from typing import Callable
 
@@ -102,6 +112,8 @@ class VOGN(GaussianVariationalOptimizer):
         loss_reduction: ``"mean"`` or ``"sum"`` (how the closure's loss reduces the batch).
         seed: noise seed (``None``: drawn from torch's global generator).
         spike_slab: a :class:`~mcgraph.optim.SpikeSlabEM` (per-element prior precision and pruning).
+        check_noise: on the first step (when ``init_precision`` is ``None``), raise if the loss at the
+            first weight sample is more than twice the loss at μ (see "Defaults" above).
         process_group, parallel: all-reduce ĝ, ĥ and the loss over a ``torch.distributed`` group,
             ``"data"`` (averaged over batch shards) or ``"samples"`` (the K samples split by index);
             see :mod:`mcgraph.optim.gaussian`.
@@ -111,13 +123,14 @@ class VOGN(GaussianVariationalOptimizer):
         ValueError: a hyperparameter out of range (named in the message).
     """
 
-    def __init__(self, model: nn.Module, dataset_size: int, lr: float = 1e-4, betas=(0.9, 0.999),
-                 prior_precision: float = 1.0, damping: float = 1e-3, tempering: float = 1.0,
+    def __init__(self, model: nn.Module, dataset_size: int, lr: float = 1e-3, betas=(0.9, 0.999),
+                 prior_precision: float = 1.0, damping: float = 3e-2, tempering: float = 1.0,
                  tempering_init: float | None = None, tempering_warmup_steps: int = 0, num_mc_samples: int = 1,
                  data_augmentation_factor: float = 1.0, init_precision: float | None = None,
                  variant: str | VOGNVariant = VOGNVariant.PAPER, batchnorm_prior: bool = False,
                  loss_reduction: str = "mean", seed: int | None = None, spike_slab=None,
-                 process_group=None, parallel: str = "data") -> None:
+                 process_group=None, parallel: str = "data", check_noise: bool = True) -> None:
+        self.check_noise = bool(check_noise)
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
             raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
         try:
@@ -181,6 +194,19 @@ class VOGN(GaussianVariationalOptimizer):
             out.append(sigma if mask is None else sigma * mask)
         return out
 
+    def _check_noise(self, at_mean: float, sampled: float) -> None:
+        """Raise when the first weight sample more than doubles the loss (the noise swamps the network)."""
+        if not (math.isfinite(at_mean) and math.isfinite(sampled)) or at_mean <= 0 or sampled <= 2.0 * at_mean:
+            return
+        group = self.param_groups[0]
+        floor = (self._n(group) * (group["prior_precision"] * group["tempering"] / self._n(group) + group["damping"]))
+        raise RuntimeError(
+            f"VOGN: the loss at the first weight sample is {sampled:.4g}, {sampled / at_mean:.1f}x the loss "
+            f"{at_mean:.4g} at the mean: the posterior noise (initial σ up to 1/√(N(δ/N + γ)) = {floor ** -0.5:.3g} "
+            f"per weight with N = {self._n(group):g}, δ = {group['prior_precision']:g}, γ = {group['damping']:g}) "
+            "swamps the network, and training would end near chance. Raise damping (γ) or prior_precision (δ), "
+            "lower tempering, or pass init_precision; check_noise=False turns this check off")
+
     # ------------------------------------------------------------------ step
 
     @torch.no_grad()
@@ -191,8 +217,9 @@ class VOGN(GaussianVariationalOptimizer):
         (mean over the batch) and calls ``backward()``; it is called ``K`` times (``K + 1``
         on the first step when ``init_precision`` is ``None``).
         """
+        mean_loss = None
         if not self.counters["initialized"]:
-            _, _, h = self._collect(closure, None, 1, self.counters["draws"], curvature=True)
+            mean_loss, _, h = self._collect(closure, None, 1, self.counters["draws"], curvature=True)
             self.counters["draws"] += 1
             if not all(bool(torch.isfinite(t).all()) for t in h):
                 self.counters["skipped"] += 1
@@ -205,6 +232,8 @@ class VOGN(GaussianVariationalOptimizer):
         draw = self.counters["draws"]
         self.counters["draws"] += 1
         loss, g, h = self._collect(closure, self._sigmas(), self.num_mc_samples, draw, curvature=True)
+        if mean_loss is not None and self.check_noise:
+            self._check_noise(float(mean_loss), float(loss))
         step = self.counters["step"] + 1
         tentative = []
         for (p, group), gi, hi in zip(self._flat(), g, h):
