@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 
-__all__ = ["positive_int", "positive_real", "real_in", "non_negative_real", "choice"]
+__all__ = ["positive_int", "positive_real", "real_in", "non_negative_real", "choice", "seed_or_none"]
 
 
 def positive_int(name: str, value) -> int:
@@ -47,3 +47,12 @@ def choice(name: str, value, options) -> str:
     if value not in options:
         raise ValueError(f"{name} must be one of {sorted(options)}, got {value!r}")
     return value
+
+
+def seed_or_none(name: str, value) -> int | None:
+    """``None`` or an int in ``[0, 2**64)`` (a noise seed)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value < 2 ** 64:
+        raise ValueError(f"{name} must be None or an int in [0, 2**64), got {value!r}")
+    return int(value)

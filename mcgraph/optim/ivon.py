@@ -102,7 +102,7 @@ from torch import nn
 from torch.distributions import Normal
 
 from ..engine.noise import mix_seed
-from ._checks import non_negative_real, positive_int, positive_real, real_in
+from ._checks import non_negative_real, positive_int, positive_real, real_in, seed_or_none
 from ._state import CountedOptimizer
 
 __all__ = ["IVON", "HessApprox"]
@@ -152,8 +152,9 @@ class IVON(CountedOptimizer):
         debias: divide the momentum by ``1 − β₁ᵗ``.
         rescale_lr: use ``α (h₀ + δ)`` as the step size.
         seed: ``None`` (default): noise from torch's global generator, drawn as ivon-opt draws it;
-            an int: noise from this optimizer's own generators, sample ``k`` of step ``t`` of parameter
-            ``j`` seeded with ``mix(mix(mix(seed, t), k), j)`` (reproducible, resumable bitwise).
+            an int: noise from this optimizer's own generators, draw ``k`` (the k-th ``sampled_params``
+            block since the last step, training or not) of step ``t`` of parameter ``j`` seeded with
+            ``mix(mix(mix(seed, t), k), j)`` (reproducible, resumable bitwise).
         process_group: ``None`` or a ``torch.distributed`` group over which ĝ and ĥ are averaged.
 
     Raises:
@@ -204,10 +205,7 @@ class IVON(CountedOptimizer):
         self.sync = bool(sync)
         self.debias = bool(debias)
         self.rescale_lr = bool(rescale_lr)
-        if seed is not None:
-            from ..engine.checks import seed as check_seed
-
-            seed = check_seed("seed", seed)
+        seed = seed_or_none("seed", seed)
         self._group = None
         if process_group is not None:
             from ..engine.distributed import check_process_group
@@ -241,7 +239,8 @@ class IVON(CountedOptimizer):
         return [(p, g) for g in self.param_groups for p in g["params"]]
 
     def _reset_samples(self) -> None:
-        self._count = 0
+        self._count = 0  # samples recorded (train=True) since the last step
+        self._draws = 0  # noise draws since the last step (train or not)
         self._avg_grad: list[torch.Tensor] | None = None
         self._avg_hess: list[torch.Tensor] | None = None  # ĝ ⊙ noise (price) or ĝ² (gradsq), averaged
 
@@ -285,7 +284,7 @@ class IVON(CountedOptimizer):
                     eps += [torch.randn(p.shape, device=p.device, dtype=_state_dtype(p)) for p in ps]
         else:
             rank, world, _ = self._world()
-            sample = self._count * world + rank
+            sample = self._draws * world + rank
             base = mix_seed(mix_seed(self.seed, self.counters["step"]), sample)
             eps = []
             for j, (p, _) in enumerate(flat):
@@ -311,6 +310,7 @@ class IVON(CountedOptimizer):
         flat = self._flat()
         with torch.no_grad():
             noise = self._noise()
+            self._draws += 1
             saved = [p.data for p, _ in flat]
             for (p, _), n in zip(flat, noise):
                 p.data = (self._mean(p) + n).to(p.dtype)
