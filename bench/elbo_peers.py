@@ -132,8 +132,8 @@ def converted(provider: str):
     from mcgraph import interop
 
     if provider == "bayesian-torch+mcgraph":
-        return interop.bayesian_torch.to_mcgraph(bayesian_torch_model())
-    return interop.blitz.to_mcgraph(blitz_model(), prior_floor=1e-6)
+        return interop.bayesian_torch.to_mcgraph(bayesian_torch_model(), kl_samples=1)
+    return interop.blitz.to_mcgraph(blitz_model(), prior_floor=1e-6, kl_samples=1)
 
 
 # --------------------------------------------------------------------------- losses (the negative ELBO per example)

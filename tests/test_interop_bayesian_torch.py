@@ -99,7 +99,7 @@ def test_moped_per_element_prior_and_float64():
     value = ibt.kl(model, 1, reduction="per_tensor_mean")
     assert value.dtype == torch.float64
     torch.testing.assert_close(value, get_kl_loss(model), rtol=1e-5, atol=0)
-    bnn = ibt.to_mcgraph(model)  # per-element priors: the converted layers share the buffers
+    bnn = ibt.to_mcgraph(model, kl_samples=1)  # per-element priors: the converted layers share the buffers
     assert bnn[0].prior_weight_mu is model[0].prior_weight_mu
     torch.testing.assert_close(bnn[0].prior.loc, model[0].prior_weight_mu)
     torch.testing.assert_close(bnn[0].bias_prior.scale, model[0].prior_bias_sigma)
@@ -214,7 +214,7 @@ def test_converted_geometry_matches_the_original(kind):
         for s in interop.sites(model):
             s.raw_scale.fill_(-60.0)
     x = torch.randn(3, 2, 4, 4, dtype=torch.float64)
-    bnn = ibt.to_mcgraph(model)
+    bnn = ibt.to_mcgraph(model, kl_samples=1)
     assert all(layer.flipout == (kind == "Flipout") for layer in mg.nn.bayesian_modules(bnn))
     with mg.nn.frozen(bnn):
         torch.testing.assert_close(bnn(x), model(x), rtol=1e-9, atol=1e-9)
@@ -224,7 +224,7 @@ def test_converted_elbo_gradients_match_the_per_sample_reference():
     M = 5
     model = mlp()
     x, y = torch.randn(6, 5, dtype=torch.float64), torch.randint(0, 3, (6,))
-    bnn = ibt.to_mcgraph(model)
+    bnn = ibt.to_mcgraph(model, kl_samples=1)
     assert_data_term_gradients_match(bnn, [model[0].rho_weight, model[2].rho_bias, model[0].mu_weight], x, y,
                                      num_samples=M, seed=7, chunk_size=2)
     sizes = [mg.graph_size(-mg.nn.elbo(bnn, x, y, num_samples=m, dataset_size=60, seed=0)) for m in (1, 64)]
@@ -233,8 +233,8 @@ def test_converted_elbo_gradients_match_the_per_sample_reference():
 
 def test_to_mcgraph_refuses_tuple_layers_and_lstms():
     with pytest.raises(TypeError, match=r"'fc' \(LinearReparameterization\).*\(out, kl\) tuples"):
-        ibt.to_mcgraph(nn.ModuleDict({"fc": LinearReparameterization(2, 2)}))
+        ibt.to_mcgraph(nn.ModuleDict({"fc": LinearReparameterization(2, 2)}), kl_samples=1)
     lstm = LSTMReparameterization(3, 4)
     lstm.dnn_to_bnn_flag = True
     with pytest.raises(TypeError, match=r"'rnn' \(LSTMReparameterization\).*elbo_backward"):
-        ibt.to_mcgraph(nn.ModuleDict({"rnn": lstm}))
+        ibt.to_mcgraph(nn.ModuleDict({"rnn": lstm}), kl_samples=1)

@@ -153,7 +153,7 @@ def test_to_mcgraph_shares_the_samplers_parameters():
     assert not torch.equal(before, model[0].weight_mu)
     with torch.no_grad():
         model[0].freeze = True
-    frozen = ibz.to_mcgraph(model)
+    frozen = ibz.to_mcgraph(model, kl_samples=1)
     assert frozen[0].mode == mg.nn.SampleMode.MEAN and frozen[2].mode == mg.nn.SampleMode.SAMPLE
     torch.testing.assert_close(frozen[0](x), model[0](x))
 
@@ -162,7 +162,7 @@ def test_converted_elbo_gradients_match_the_per_sample_reference():
     M = 5
     model = mlp()
     x, y = torch.randn(6, 5, dtype=torch.float64), torch.randint(0, 3, (6,))
-    bnn = ibz.to_mcgraph(model, prior_floor=1e-6)
+    bnn = ibz.to_mcgraph(model, prior_floor=1e-6, kl_samples=1)
     assert isinstance(bnn[0].prior, interop.foreign_priors.FlooredDensity)
     assert_data_term_gradients_match(bnn, [model[0].weight_sampler.rho, model[2].bias_sampler.rho,
                                            model[0].weight_sampler.mu], x, y, num_samples=M, seed=3, chunk_size=2)
@@ -170,4 +170,4 @@ def test_converted_elbo_gradients_match_the_per_sample_reference():
 
 def test_to_mcgraph_refuses_recurrent_layers():
     with pytest.raises(TypeError, match=r"'rnn' \(BayesianLSTM\).*elbo_backward"):
-        ibz.to_mcgraph(nn.ModuleDict({"rnn": BayesianLSTM(3, 4)}))
+        ibz.to_mcgraph(nn.ModuleDict({"rnn": BayesianLSTM(3, 4)}), kl_samples=1)

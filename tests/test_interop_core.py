@@ -153,7 +153,7 @@ def test_converted_models_copy_and_pickle():
     dnn_to_bnn(net, {"prior_mu": 0.0, "prior_sigma": 1.0, "posterior_mu_init": 0.0, "posterior_rho_init": -3.0,
                      "type": "Reparameterization", "moped_enable": False})
     net[0].prior_weight_mu.normal_()  # per-element prior means: buffers shared with the converted layer
-    bnn = interop.bayesian_torch.to_mcgraph(net)
+    bnn = interop.bayesian_torch.to_mcgraph(net, kl_samples=1)
     buffer = io.BytesIO()
     torch.save(bnn, buffer)
     buffer.seek(0)
@@ -162,5 +162,5 @@ def test_converted_models_copy_and_pickle():
     for other in (loaded, copied):
         torch.testing.assert_close(mg.nn.kl(other, 64, seed=0), mg.nn.kl(bnn, 64, seed=0))
         assert other[0].prior_spec.owner is other[0]
-    same = interop.bayesian_torch.to_mcgraph(net, inplace=True)
+    same = interop.bayesian_torch.to_mcgraph(net, inplace=True, kl_samples=1)
     assert same is net and isinstance(net[0], mg.nn.BayesLinear)

@@ -85,7 +85,7 @@ def test_to_mcgraph_shares_parameters_and_matches_the_mean_forward(tu):
     assert_conversion_trains_the_original(model, bnn, x, torch.randint(0, 2, (2,)))
     for layer in (model[0], model[2]):
         layer.freeze()
-    frozen = itu.to_mcgraph(model)
+    frozen = itu.to_mcgraph(model, kl_samples=1)
     assert all(l.mode == mg.nn.SampleMode.MEAN for l in mg.nn.bayesian_modules(frozen))
     torch.testing.assert_close(frozen(x), model(x), rtol=1e-12, atol=1e-12)
 
@@ -96,7 +96,7 @@ def test_converted_elbo_gradients_match_the_per_sample_reference(tu):
     model = nn.Sequential(layers.BayesLinear(5, 7, sigma_init=-2.0), nn.ReLU(),
                           layers.BayesLinear(7, 3, sigma_init=-2.0)).double()
     x, y = torch.randn(6, 5, dtype=torch.float64), torch.randint(0, 3, (6,))
-    assert_data_term_gradients_match(itu.to_mcgraph(model), [model[0].weight_sigma, model[2].bias_sigma], x, y,
+    assert_data_term_gradients_match(itu.to_mcgraph(model, kl_samples=1), [model[0].weight_sigma, model[2].bias_sigma], x, y,
                                      num_samples=4, seed=1, chunk_size=3)
 
 

@@ -54,7 +54,7 @@ def test_to_mcgraph_converts_linear_and_conv_with_exp_scales():
     torch.manual_seed(0)
     m = nn.Sequential(torchbnn.BayesConv2d(0.0, 0.1, 2, 3, 3, padding=1, stride=2), nn.ReLU(), nn.Flatten(),
                       torchbnn.BayesLinear(0.0, 0.1, 12, 3)).double()
-    bnn = itb.to_mcgraph(m)
+    bnn = itb.to_mcgraph(m, kl_samples=1)
     assert bnn[0].weight_rho is m[0].weight_log_sigma and bnn[3].bias_mu is m[3].bias_mu
     assert bnn[0].scale_transform.name == "exp" and isinstance(bnn[0].prior, torch.distributions.Normal)
     x = torch.randn(2, 2, 4, 4, dtype=torch.float64)
@@ -70,16 +70,16 @@ def test_converted_elbo_gradients_match_the_per_sample_reference():
     torch.manual_seed(0)
     m = nn.Sequential(torchbnn.BayesLinear(0.0, 0.1, 5, 7), nn.ReLU(), torchbnn.BayesLinear(0.0, 0.1, 7, 3)).double()
     x, y = torch.randn(6, 5, dtype=torch.float64), torch.randint(0, 3, (6,))
-    assert_data_term_gradients_match(itb.to_mcgraph(m), [m[0].weight_log_sigma, m[2].bias_log_sigma], x, y,
+    assert_data_term_gradients_match(itb.to_mcgraph(m, kl_samples=1), [m[0].weight_log_sigma, m[2].bias_log_sigma], x, y,
                                      num_samples=5, seed=2, chunk_size=3)
 
 
 def test_to_mcgraph_refuses_bayesian_batchnorm_and_frozen_layers():
     with pytest.raises(TypeError, match=r"'1' \(BayesBatchNorm2d\).*BatchNorm"):
-        itb.to_mcgraph(model())
+        itb.to_mcgraph(model(), kl_samples=1)
     frozen = torchbnn.BayesLinear(0.0, 0.1, 3, 2)
     frozen.freeze()
     with pytest.raises(TypeError, match=r"frozen by freeze\(\)"):
-        itb.to_mcgraph(nn.ModuleDict({"fc": frozen}))
+        itb.to_mcgraph(nn.ModuleDict({"fc": frozen}), kl_samples=1)
     plain_norm = nn.Sequential(torchbnn.BayesLinear(0.0, 0.1, 3, 2), torchbnn.BayesBatchNorm2d(0, 0.1, 2, affine=False))
-    assert isinstance(itb.to_mcgraph(plain_norm)[1], torchbnn.BayesBatchNorm2d)  # no Bayesian parameters: kept
+    assert isinstance(itb.to_mcgraph(plain_norm, kl_samples=1)[1], torchbnn.BayesBatchNorm2d)  # no Bayesian parameters: kept

@@ -343,7 +343,8 @@ def test_model_kl_sums_layers_and_uses_layer_samples():
 
     parts = sum(l.kl(seed=mix_seed(3, i)) for i, l in enumerate(layers))
     torch.testing.assert_close(total, parts)
-    assert mnn.kl(nn.Linear(2, 2)).item() == 0.0
+    with pytest.raises(ValueError, match="mg.nn.kl: model has no Bayesian layer.*bayesify"):
+        mnn.kl(nn.Linear(2, 2))  # a KL of 0 would train the network with no KL at all
 
 
 def test_normal_normal_kl_close_to_closed_form():

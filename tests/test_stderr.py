@@ -218,7 +218,10 @@ def test_elbo_terms_report_stderr_of_both_terms():
     torch.testing.assert_close(t.elbo_stderr, (t.log_likelihood_stderr ** 2 + (0.5 * t.kl_stderr / 100) ** 2).sqrt())
     assert plain.kl_stderr is None
     # the KL's error is that of the sum over every weight (independent noise per element and layer)
-    kl, se = mnn.kl(net, seed=7, return_stderr=True)
+    est = mnn.kl(net, seed=7, return_stderr=True)
+    assert isinstance(est, mg.MCEstimate)  # one result type for an estimate with its standard error
+    kl, se, m = est
+    assert m == min(layer.kl_samples for layer in mnn.bayesian_modules(net))
     parts = []
     for i, layer in enumerate(mnn.bayesian_modules(net)):
         e = mg.kl_divergence(layer.posterior, layer.prior, layer.kl_samples,

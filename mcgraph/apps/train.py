@@ -256,7 +256,7 @@ def _step_stderr(model, terms, args) -> dict:
         kl, kl_se = terms.kl.detach(), terms.kl_stderr
     elif min((m.kl_samples for m in mnn.bayesian_modules(model)), default=0) > 1 and args.kl_samples > 1:
         with torch.no_grad():
-            kl, kl_se = mnn.kl(model, args.kl_samples, method=args.kl_method, return_stderr=True)
+            kl, kl_se, _ = mnn.kl(model, args.kl_samples, method=args.kl_method, return_stderr=True)
     else:
         return out
     out["kl_stderr"] = float(kl_se)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import numbers
 from typing import Callable
 
 import torch
-from torch.distributions import Distribution
+from torch.distributions import Distribution, constraints
 
 from . import backend
 from .estimators import chunked_value, collapsed_value, direct_value, fused_value, statistics
@@ -17,6 +16,7 @@ from .estimators.sampling import default_chunk, samples, stream_for
 from .families import GenericForm, distribution_parameters, family_of
 from .trace import floating, guarded
 from .distributed import sharded
+from . import checks
 from .noise import resolve_seed
 from .plan_cache import cached_trace
 from .stderr import MCEstimate, StderrCollector, refuse_with_process_group
@@ -32,19 +32,11 @@ def set_validate_args(value: bool) -> None:
 
 
 def _check_num_samples(num_samples) -> int:
-    if isinstance(num_samples, bool) or not isinstance(num_samples, numbers.Integral):
-        raise TypeError(f"num_samples must be an int, got {type(num_samples).__name__} ({num_samples!r})")
-    if num_samples < 1:
-        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-    return int(num_samples)
+    return checks.positive_int("num_samples", num_samples)
 
 
 def _check_chunk(chunk_size) -> int | None:
-    if chunk_size is None:
-        return None
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
-    return int(chunk_size)
+    return checks.positive_int("chunk_size", chunk_size, allow_none=True)
 
 
 def _check_finite(dist: Distribution, argname: str) -> None:
@@ -289,6 +281,23 @@ def _no_validation(dist: Distribution):
             dist._validate_args = old
 
 
+_UNBOUNDED = (constraints.real, constraints.real_vector)
+
+
+def _check_support(q: Distribution, p: Distribution) -> None:
+    """KL(q ‖ p) is +inf when q puts mass where p has none: refuse the clear case of a q on the whole
+    real line under a prior with a bounded support (Beta, Gamma, HalfNormal, …)."""
+    try:
+        q_support, p_support = q.support, p.support
+    except NotImplementedError:
+        return
+    unbounded = lambda c: any(c is u or type(c) is type(u) for u in _UNBOUNDED)  # noqa: E731
+    if unbounded(q_support) and not unbounded(p_support) and not getattr(p, "improper", False):
+        raise ValueError(f"p: {type(p).__name__}'s support ({p_support}) does not cover the support of q "
+                         f"({type(q).__name__} on {q_support}), so KL(q || p) is infinite; pick a prior defined on "
+                         f"the whole real line, or a posterior on the prior's support")
+
+
 def _sum_rightmost(x: torch.Tensor, n: int) -> torch.Tensor:
     return x.sum(tuple(range(-n, 0))) if n > 0 else x
 
@@ -347,6 +356,7 @@ def _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, re
     if extra < 0:
         raise ValueError(f"p: event_shape {tuple(p.event_shape)} has more dimensions than q.event_shape "
                          f"{tuple(q.event_shape)}; the KL per q batch element is undefined")
+    _check_support(q, p)
     _check_finite(p, "p")
     seed = resolve_seed(seed)
     return_stderr = _check_stderr(return_stderr, _check_num_samples(num_samples), taylor_order, shard)

@@ -21,6 +21,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from . import checks
 from . import moments as mom
 
 #: Elements drawn per block (64 Mi): bounds the memory of one block.
@@ -60,11 +61,7 @@ def resolve_seed(seed: int | None) -> int:
     """``seed`` validated, or one drawn from torch's global generator when ``None``."""
     if seed is None:
         return int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
-    if seed < 0:
-        raise ValueError(f"seed must be non-negative, got {seed}")
-    return seed
+    return checks.seed("seed", seed)
 
 
 def _storage_use_count(t: torch.Tensor) -> int | None:

@@ -30,19 +30,18 @@ Example:
 
 from __future__ import annotations
 
-import numbers
 from typing import Callable
 
 import torch
 from torch import nn
 
+from ..engine import checks
+
 __all__ = ["elbo_backward"]
 
 
 def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
+    return checks.positive_int(name, value)
 
 
 def _scalar(name: str, value) -> torch.Tensor:
@@ -82,8 +81,8 @@ def elbo_backward(model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor]
         raise ValueError("dataset_size is required when kl is given (the KL is divided by it)")
     if dataset_size is not None:
         dataset_size = _positive_int("dataset_size", dataset_size)
-    if isinstance(kl_weight, bool) or not isinstance(kl_weight, (numbers.Real, torch.Tensor)):
-        raise ValueError(f"kl_weight must be a real number, got {kl_weight!r}")
+    if not isinstance(kl_weight, torch.Tensor) or kl_weight.ndim == 0:
+        checks.finite_float("kl_weight", kl_weight, low=0.0)
     total = None
     for _ in range(m):
         value = _scalar("loss_fn", loss_fn(model))

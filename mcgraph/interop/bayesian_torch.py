@@ -32,7 +32,7 @@ Example:
     ...                  "posterior_rho_init": -3.0, "type": "Reparameterization", "moped_enable": False})
     >>> torch.allclose(ibt.kl(net, 1, reduction="per_tensor_mean"), get_kl_loss(net))
     True
-    >>> bnn = ibt.to_mcgraph(net)
+    >>> bnn = ibt.to_mcgraph(net, kl_samples=1)
     >>> bnn[0].weight_rho is net[0].rho_weight          # the same Parameter object
     True
     >>> x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
@@ -172,10 +172,18 @@ def kl(model: nn.Module, num_samples: int, *, seed: int | None = None, method: s
                          process_group=process_group)
 
 
-def to_mcgraph(model: nn.Module, *, kl_samples: int = 1, inplace: bool = False) -> nn.Module:
+def to_mcgraph(model: nn.Module, *, kl_samples: int | None = None, inplace: bool = False) -> nn.Module:
     """Swap a ``dnn_to_bnn`` model's layers for mcgraph layers holding the same Parameters.
 
     See :mod:`mcgraph.interop.convert`. σ = softplus(ρ); Flipout layers keep flipout; the prior is
     the scalar N(μ, σ²) when the buffers hold one value, else the shared per-element buffers (MOPED).
+
+    **KL scale.** bayesian-torch's ``get_kl_loss`` averages each tensor's KL over its elements and
+    sums over tensors, and its examples add ``get_kl_loss(model) / batch_size`` to the loss.
+    ``mg.nn.kl`` sums over every weight, and ``mg.nn.elbo`` subtracts ``kl / dataset_size``: the
+    KL per example of the variational objective. So the KL weighs differently after the switch
+    (a one-time :class:`~mcgraph.interop.convert.KLScaleWarning` says so);
+    ``kl(model, reduction="per_tensor_mean")`` reproduces ``get_kl_loss``.
     """
+    convert.warn_kl_scale("bayesian_torch", "get_kl_loss averages each tensor's KL over its elements;")
     return convert.to_mcgraph(model, NAME, kl_samples=kl_samples, inplace=inplace)

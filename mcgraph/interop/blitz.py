@@ -144,11 +144,15 @@ def kl(model: nn.Module, num_samples: int, *, seed: int | None = None, method: s
                          process_group=process_group)
 
 
-def to_mcgraph(model: nn.Module, *, kl_samples: int = 1, inplace: bool = False,
+def to_mcgraph(model: nn.Module, *, kl_samples: int | None = None, inplace: bool = False,
                prior_floor: float | None = None) -> nn.Module:
     """Swap blitz's Linear/Conv layers for mcgraph layers holding the samplers' Parameters.
 
     See :mod:`mcgraph.interop.convert`; ``prior_floor`` as in :func:`kl`.
+
+    **KL scale.** blitz's ``sample_elbo`` adds ``complexity_cost_weight ×`` the one-sample KL summed over
+    every weight; ``mg.nn.elbo`` subtracts ``kl / dataset_size`` with the KL summed the same way, so
+    the two agree when ``complexity_cost_weight = 1 / dataset_size`` (scale it with ``kl_weight`` otherwise).
     """
     return convert.to_mcgraph(model, NAME, kl_samples=kl_samples, inplace=inplace,
                               prior_floor=_check_floor(prior_floor))

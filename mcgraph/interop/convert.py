@@ -32,10 +32,11 @@ Example:
 from __future__ import annotations
 
 import copy
-import numbers
+import warnings
 
 from torch import nn
 
+from ..engine import checks
 from ..nn.layers import BayesConv, BayesConvTranspose, BayesLayer, BayesLinear, SampleMode
 from .sites import LibraryAdapter, VariationalSite, foreign_layers
 
@@ -124,10 +125,31 @@ def mcgraph_layer(kind: str, module: nn.Module, weight: VariationalSite, bias: V
     return share(layer, weight, bias, frozen=frozen)
 
 
-def _check_kl_samples(kl_samples) -> int:
-    if isinstance(kl_samples, bool) or not isinstance(kl_samples, numbers.Integral) or kl_samples < 1:
-        raise ValueError(f"kl_samples must be a positive int, got {kl_samples!r}")
-    return int(kl_samples)
+def _check_kl_samples(kl_samples, library: str) -> int:
+    if kl_samples is None:
+        raise TypeError(f"mcgraph.interop.{library}.to_mcgraph: kl_samples is required, the number of Monte Carlo "
+                        f"samples of each converted layer's KL (mg.nn.kl and mg.nn.elbo use it). mcgraph's KL graph "
+                        f"does not grow with it, so take many: e.g. kl_samples=64; kl_samples=1 reproduces a "
+                        f"one-sample estimate")
+    return checks.positive_int("kl_samples", kl_samples)
+
+
+_SCALE_WARNED: set[str] = set()
+
+
+def warn_kl_scale(library: str, native: str) -> None:
+    """Say once per process how ``library``'s own KL scaling (``native``) maps to mcgraph's."""
+    if library in _SCALE_WARNED:
+        return
+    _SCALE_WARNED.add(library)
+    warnings.warn(f"{library} -> mcgraph: {native} mg.nn.kl sums the KL over every weight, and mg.nn.elbo divides "
+                  f"it by dataset_size (the ELBO per example), so the KL's share of the loss changes with the switch. "
+                  f"mcgraph.interop.{library}.kl(model, ..., reduction=...) reproduces the library's own scaling.",
+                  KLScaleWarning, stacklevel=3)
+
+
+class KLScaleWarning(UserWarning):
+    """A converted model's KL is scaled differently from the library's own KL loss."""
 
 
 def _convert_tree(module: nn.Module, name: str, adapter: LibraryAdapter, options: dict) -> nn.Module:
@@ -143,14 +165,15 @@ def _convert_tree(module: nn.Module, name: str, adapter: LibraryAdapter, options
     return module
 
 
-def to_mcgraph(model: nn.Module, library: str, *, kl_samples: int = 1, inplace: bool = False,
+def to_mcgraph(model: nn.Module, library: str, *, kl_samples: int | None = None, inplace: bool = False,
                **options) -> nn.Module:
     """Replace ``library``'s Bayesian layers of ``model`` by mcgraph layers holding the same Parameters.
 
     Args:
         model: a model (or one layer) built with ``library``.
         library: the adapter's name (each adapter module's ``to_mcgraph`` fixes it).
-        kl_samples: M of each converted layer's KL (:meth:`mcgraph.nn.BayesLayer.kl`).
+        kl_samples: M of each converted layer's KL (:meth:`mcgraph.nn.BayesLayer.kl`); required: there is
+            no silent one-sample default (the graph does not grow with M, so e.g. 64 costs memory as 1 does).
         inplace: convert ``model`` itself; by default a structural copy is converted and
             ``model`` is left as it is (sharing every Parameter and buffer with the result).
         **options: the library's conversion options (``prior_floor`` for blitz).
@@ -163,6 +186,6 @@ def to_mcgraph(model: nn.Module, library: str, *, kl_samples: int = 1, inplace: 
         TypeError: a module that cannot be converted (the message names it and says why).
     """
     adapter = foreign_layers(model, library)[0][2]
-    options = dict(options, kl_samples=_check_kl_samples(kl_samples))
+    options = dict(options, kl_samples=_check_kl_samples(kl_samples, library))
     target = model if inplace else structural_copy(model)
     return _convert_tree(target, "", adapter, options)

@@ -26,13 +26,13 @@ Example:
 
 from __future__ import annotations
 
-import numbers
 from typing import Sequence
 
 import torch
 from torch import nn
 from torch.distributions import Distribution
 
+from ..engine import checks
 from ..engine.api import kl_divergence
 from ..engine.distributed import sharded
 from ..engine.noise import mix_seed, resolve_seed
@@ -87,8 +87,7 @@ def sites_kl(found: Sequence[VariationalSite], num_samples: int, *, seed: int | 
              method: str = "auto", process_group=None) -> list[torch.Tensor]:
     """The summed KL of each site (0-d tensors), site ``i`` seeded with ``mix(seed, i)``."""
     with sharded(process_group, seed, num_samples) as (shard, seed):
-        if isinstance(num_samples, bool) or not isinstance(num_samples, numbers.Integral) or num_samples < 1:
-            raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+        num_samples = checks.positive_int("num_samples", num_samples)
         _check_method(method)
         seed = resolve_seed(seed)
         return [site_kl(s.posterior(), s.prior(), int(num_samples), seed=mix_seed(seed, i), method=method,

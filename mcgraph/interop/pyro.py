@@ -34,13 +34,13 @@ Example:
 
 from __future__ import annotations
 
-import numbers
 import warnings
 
 import torch
 from torch.distributions import Distribution, Independent, TransformedDistribution
 from torch.distributions.transforms import ComposeTransform, IndependentTransform
 
+from ..engine import checks
 from ..engine.api import kl_divergence
 from ..engine.noise import mix_seed, resolve_seed
 from ..engine.tuples import METHODS
@@ -111,8 +111,7 @@ def _make_mean_field_elbo():
 
         def __init__(self, num_particles: int = 1, *, kl_samples: int, kl_method: str = "auto",
                      seed: int | None = None, **elbo_kwargs) -> None:
-            if isinstance(kl_samples, bool) or not isinstance(kl_samples, numbers.Integral) or kl_samples < 1:
-                raise ValueError(f"kl_samples must be a positive int, got {kl_samples!r}")
+            kl_samples = checks.positive_int("kl_samples", kl_samples)
             divergence._check_method(kl_method)
             if seed is not None:
                 resolve_seed(seed)
@@ -224,8 +223,7 @@ def register_mc_kl(q_type: type, p_type: type, num_samples: int, *, method: str 
     for arg, t in (("q_type", q_type), ("p_type", p_type)):
         if not (isinstance(t, type) and issubclass(t, Distribution)):
             raise TypeError(f"{arg} must be a torch.distributions.Distribution subclass, got {t!r}")
-    if isinstance(num_samples, bool) or not isinstance(num_samples, numbers.Integral) or num_samples < 1:
-        raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+    num_samples = checks.positive_int("num_samples", num_samples)
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if _has_rule(q_type, p_type):

@@ -129,6 +129,13 @@ def kl(model: nn.Module, num_samples: int, *, seed: int | None = None, method: s
                          process_group=process_group)
 
 
-def to_mcgraph(model: nn.Module, *, kl_samples: int = 1, inplace: bool = False) -> nn.Module:
-    """Swap torch-uncertainty's BayesLinear/BayesConv layers for mcgraph layers holding the same Parameters."""
+def to_mcgraph(model: nn.Module, *, kl_samples: int | None = None, inplace: bool = False) -> nn.Module:
+    """Swap torch-uncertainty's BayesLinear/BayesConv layers for mcgraph layers holding the same Parameters.
+
+    **KL scale.** torch-uncertainty's ``KLDiv`` averages over the Bayesian layers (and its ELBO loss
+    weighs it by ``kl_weight``); ``mg.nn.kl`` sums over every weight and ``mg.nn.elbo`` divides by
+    ``dataset_size``. A one-time :class:`~mcgraph.interop.convert.KLScaleWarning` says so;
+    ``kl(model, M, reduction="layer_mean")`` reproduces the average.
+    """
+    convert.warn_kl_scale("torch_uncertainty", "torch-uncertainty's KLDiv averages the KL over the layers;")
     return convert.to_mcgraph(model, NAME, kl_samples=kl_samples, inplace=inplace)

@@ -18,7 +18,7 @@ Example:
     ...                           torchbnn.BayesLinear(0.0, 0.1, 8, 3))
     >>> torch.allclose(itb.KLLoss(num_samples=1)(net), torchbnn.BKLLoss()(net))
     True
-    >>> itb.to_mcgraph(net)[0].scale_transform.name
+    >>> itb.to_mcgraph(net, kl_samples=1)[0].scale_transform.name
     'exp'
 """
 
@@ -136,6 +136,13 @@ def kl(model: nn.Module, num_samples: int, *, seed: int | None = None, method: s
                          process_group=process_group)
 
 
-def to_mcgraph(model: nn.Module, *, kl_samples: int = 1, inplace: bool = False) -> nn.Module:
-    """Swap torchbnn's Linear/Conv2d layers for mcgraph layers holding the same Parameters (σ = exp(ρ))."""
+def to_mcgraph(model: nn.Module, *, kl_samples: int | None = None, inplace: bool = False) -> nn.Module:
+    """Swap torchbnn's Linear/Conv2d layers for mcgraph layers holding the same Parameters (σ = exp(ρ)).
+
+    **KL scale.** ``torchbnn.BKLLoss()`` (``reduction="mean"``) divides the summed KL by the number
+    of Bayesian parameters; ``mg.nn.kl`` is the sum, and ``mg.nn.elbo`` divides it by
+    ``dataset_size``. A one-time :class:`~mcgraph.interop.convert.KLScaleWarning` says so;
+    :class:`KLLoss` reproduces ``BKLLoss``.
+    """
+    convert.warn_kl_scale("torchbnn", "torchbnn's BKLLoss divides the summed KL by the number of parameters;")
     return convert.to_mcgraph(model, NAME, kl_samples=kl_samples, inplace=inplace)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
+from ..engine import checks
 from ..engine.distributed import sharded
 from ..engine.noise import mix_seed, resolve_seed, reuse_noise_blocks
+from ..engine.stderr import MCEstimate
 from .context import bayesian_modules
+from .model_checks import require_bayesian
 
 __all__ = ["kl"]
 
@@ -28,14 +30,20 @@ def kl(model: nn.Module, num_samples: int | None = None, *, seed: int | None = N
         num_samples: M for every layer; ``None`` uses each layer's ``kl_samples``.
         seed: noise seed; layer ``l`` uses ``mix(seed, l)`` (``None``: drawn once).
         method: the engine's method (``"auto"``, ``"collapsed-exact"``, ``"direct"``, …).
-        return_stderr: return ``(value, stderr)``, the standard error of the sum (layers are
-            seeded apart, so their variances add; see :meth:`BayesLayer.kl`).
+        return_stderr: return an :class:`~mcgraph.MCEstimate` ``(value, stderr, num_samples)``: the
+            standard error of the sum (layers are seeded apart, so their variances add; see
+            :meth:`BayesLayer.kl`); ``num_samples`` is the smallest M of the layers.
         process_group: ``None``, or a ``torch.distributed`` group whose ranks split every layer's
             samples (:func:`mcgraph.expectation`); each rank gets the full KL and its gradients,
             so under data parallelism the KL is counted once (see the README).
 
     Returns:
-        A 0-d tensor (0 when the model has no Bayesian layer).
+        A 0-d tensor.
+
+    Raises:
+        ValueError: ``model`` has no Bayesian layer (its KL would silently be 0).
+        TypeError: ``model`` holds another library's Bayesian layers that were not converted
+            (``mcgraph.interop.<library>.to_mcgraph``).
 
     Example:
         >>> import torch, mcgraph as mg
@@ -45,6 +53,9 @@ def kl(model: nn.Module, num_samples: int | None = None, *, seed: int | None = N
         >>> value.shape, value.requires_grad
         (torch.Size([]), True)
     """
+    require_bayesian(model, "mg.nn.kl")
+    num_samples = checks.positive_int("num_samples", num_samples, allow_none=True)
+    seed = checks.seed("seed", seed)
     # the layers' noise streams draw one after another into one block of memory
     with sharded(process_group, seed, 0 if num_samples is None else num_samples) as (shard, seed), \
             reuse_noise_blocks():
@@ -55,12 +66,10 @@ def kl(model: nn.Module, num_samples: int | None = None, *, seed: int | None = N
             v = layer.kl(num_samples, seed=mix_seed(seed, i), method=method, return_stderr=return_stderr,
                          process_group=shard)
             if return_stderr:
-                v, se = v
+                v, se = v[0], v[1]
                 var = se * se if var is None else var + se * se
             total = v if total is None else total + v
-    if total is None:
-        p = next(model.parameters(), None)
-        total = torch.zeros((), dtype=p.dtype if p is not None else None,
-                            device=p.device if p is not None else None)
-        var = torch.zeros_like(total)
-    return (total, var.sqrt()) if return_stderr else total
+    if return_stderr:
+        m = num_samples if num_samples is not None else min(layer.kl_samples for layer in layers)
+        return MCEstimate(total, var.sqrt(), m)
+    return total

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import numbers
 from typing import NamedTuple
 
 import torch
 from torch import nn
 
+from ..engine import checks
 from ..engine.distributed import sharded
 from .context import SampleRun, bayesian_modules, capture, chunks, sample_run, window
 from .layers import SampleMode
+from .model_checks import check_batch, input_hint, require_bayesian
 
 __all__ = ["forward_samples", "predict", "Prediction", "run_window", "can_vectorize"]
 
@@ -28,11 +29,12 @@ def can_vectorize(model: nn.Module) -> bool:
 
 
 def _check_int(name: str, value, allow_none: bool = False):
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}")
-    return int(value)
+    return checks.positive_int(name, value, allow_none=allow_none)
+
+
+def _is_shape_error(err: RuntimeError) -> bool:
+    text = str(err)
+    return any(k in text for k in ("shape", "size", "mat1 and mat2", "Expected", "dimension"))
 
 
 def _repeat(x: torch.Tensor, times: int) -> torch.Tensor:
@@ -45,7 +47,13 @@ def run_window(model: nn.Module, x: torch.Tensor, run: SampleRun, start: int, st
     size = stop - start
     if vectorize or size == 1:
         with window(run, start, stop):
-            out = model(_repeat(x, size))
+            try:
+                out = model(_repeat(x, size))
+            except RuntimeError as err:
+                if not _is_shape_error(err):
+                    raise
+                raise ValueError(f"x: the model cannot run on x of shape {tuple(x.shape)}{input_hint(model)} "
+                                 f"({err})") from err
         if out.shape[0] != size * x.shape[0]:
             raise ValueError(f"model: expected an output with {size * x.shape[0]} rows for {size} samples of a "
                              f"batch of {x.shape[0]}, got shape {tuple(out.shape)}")
@@ -78,8 +86,11 @@ def forward_samples(model: nn.Module, x: torch.Tensor, num_samples: int, *, seed
         >>> a.shape, torch.allclose(a, b)
         (torch.Size([5, 3, 2]), True)
     """
+    require_bayesian(model, "mg.nn.forward_samples", allow_none=True)
+    check_batch(x, None, "mg.nn.forward_samples")
     num_samples = _check_int("num_samples", num_samples)
     chunk = _check_int("chunk_size", chunk_size, allow_none=True) or num_samples
+    seed = checks.seed("seed", seed)
     vectorize = can_vectorize(model) if vectorize is None else bool(vectorize)
     run = sample_run(model, num_samples, seed)
     return torch.cat([run_window(model, x, run, a, b, vectorize) for a, b in chunks(num_samples, chunk)])
@@ -151,6 +162,9 @@ def predict(model: nn.Module, x: torch.Tensor, num_samples: int, chunk_size: int
         >>> probs.shape, bool(torch.allclose(probs.sum(-1), torch.ones(2)))
         (torch.Size([2, 10]), True)
     """
+    require_bayesian(model, "mg.nn.predict", allow_none=True)
+    check_batch(x, None, "mg.nn.predict")
+    seed = checks.seed("seed", seed)
     with sharded(process_group, seed, num_samples) as (shard, seed):
         if shard is not None and return_samples:
             raise ValueError("return_samples=True keeps every sample on one process: use process_group=None")

@@ -23,7 +23,6 @@ estimate with every sample in one graph (``method="direct"``).
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
@@ -31,6 +30,7 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from ..engine import checks
 from ..engine.estimators.chunked import accumulation_dtype
 from ..engine.distributed import sharded
 from ..engine.noise import mix_seed, resolve_seed
@@ -39,6 +39,7 @@ from .context import bayesian_modules, chunks, sample_run
 from .network_kl import kl as model_kl
 from .layers import SampleMode
 from .likelihood import LIKELIHOODS, log_likelihood
+from .model_checks import check_batch, require_bayesian
 from .prediction import can_vectorize, run_window
 
 __all__ = ["elbo", "elbo_terms", "expected_data_term", "default_chunk", "ELBOTerms", "WholeNetworkMC",
@@ -150,11 +151,7 @@ class ELBOTerms(NamedTuple):
 
 
 def _positive_int(name, value, allow_none=False):
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be a positive int{' or None' if allow_none else ''}, got {value!r}")
-    return int(value)
+    return checks.positive_int(name, value, allow_none=allow_none)
 
 
 #: Weight-noise elements one chunk may hold (16 MiB in float32).
@@ -193,6 +190,9 @@ def expected_data_term(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, nu
         >>> torch.allclose(a, b)
         True
     """
+    require_bayesian(model, "mg.nn.expected_data_term", allow_none=True)
+    check_batch(x, y, "mg.nn.expected_data_term")
+    seed = checks.seed("seed", seed)
     with sharded(process_group, seed, num_samples) as (shard, seed):
         return _expected_data_term(model, x, y, num_samples, likelihood, noise_std, seed, chunk_size, method,
                                    vectorize, return_stderr, shard)
@@ -224,6 +224,10 @@ def _expected_data_term(model, x, y, num_samples, likelihood, noise_std, seed, c
 
     def chunk_value(start: int, stop: int) -> torch.Tensor:
         out = run_window(model, x, run, start, stop, vectorize)  # (S, B, ...)
+        if likelihood == "categorical" and out.dim() - 1 != y.dim() + 1:
+            raise ValueError(f"y has shape {tuple(y.shape)}, so the model's output for x must have shape "
+                             f"{tuple(y.shape)} + (K,) (K classes); x of shape {tuple(x.shape)} gives an output "
+                             f"of shape {tuple(out.shape[1:])}")
         size = stop - start
         target = y.repeat(size, *([1] * (y.dim() - 1)))
         ll = log_likelihood(likelihood, out.reshape(size * batch, *out.shape[2:]), target, noise_std)
@@ -273,9 +277,21 @@ def elbo_terms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_sample
     """
     if kl_process_group is _SAME:
         kl_process_group = process_group
+    require_bayesian(model, "mg.nn.elbo")
+    check_batch(x, y, "mg.nn.elbo")
     dataset_size = _positive_int("dataset_size", dataset_size)
-    if not isinstance(kl_weight, (numbers.Real, torch.Tensor)) or isinstance(kl_weight, bool):
-        raise ValueError(f"kl_weight must be a real number, got {kl_weight!r}")
+    if dataset_size < x.shape[0]:
+        raise ValueError(f"dataset_size must be the number of training examples N, at least the batch size "
+                         f"{x.shape[0]}; got {dataset_size}")
+    if not isinstance(kl_weight, torch.Tensor) or kl_weight.ndim == 0:
+        checks.finite_float("kl_weight", kl_weight, low=0.0)
+    kl_samples = _positive_int("kl_samples", kl_samples, allow_none=True)
+    seed = checks.seed("seed", seed)
+    if return_stderr:
+        too_few = [layer for layer in bayesian_modules(model) if (kl_samples or layer.kl_samples) < 2]
+        if too_few:
+            raise ValueError(f"kl_samples must be >= 2 with return_stderr=True (a KL from one sample has no variance "
+                             f"to estimate); {'kl_samples is ' + str(kl_samples) if kl_samples else 'a layer was built with kl_samples=' + str(too_few[0].kl_samples)}: pass kl_samples=")
     if seed is None and (process_group is not None or kl_process_group is not None):
         raise ValueError("seed: pass a seed with process_group / kl_process_group (the same on every rank; "
                          "e.g. a function of the step), so that the ranks draw the same noise")
@@ -287,7 +303,7 @@ def elbo_terms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_sample
                         return_stderr=return_stderr, process_group=kl_process_group)
     if not return_stderr:
         return ELBOTerms(data - kl_weight * kl_value / dataset_size, data, kl_value)
-    (data, data_se, _), (kl_value, kl_se) = data, kl_value
+    (data, data_se, _), (kl_value, kl_se, _) = data, kl_value
     elbo_se = (data_se ** 2 + (kl_weight * kl_se / dataset_size) ** 2).sqrt()
     return ELBOTerms(data - kl_weight * kl_value / dataset_size, data, kl_value, data_se, kl_se.detach(),
                      elbo_se.detach())

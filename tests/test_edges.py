@@ -1,0 +1,234 @@
+"""The API's edges: no silent wrong answer, and every error names the argument the user wrote.
+
+Each test is one situation a new user met (issue "One surface"); each failed on the layout before
+``mcgraph.engine.checks`` and ``mcgraph.nn.model_checks``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import mcgraph as mg
+import mcgraph.nn as mnn
+
+
+def _bnn(kl_samples=4):
+    torch.manual_seed(0)
+    return mnn.bayesify(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)), kl_samples=kl_samples)
+
+
+def _batch(b=6):
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(b, 4, generator=g), torch.randint(0, 3, (b,), generator=g)
+
+
+# --------------------------------------------------------------------------- silent wrong answers
+
+
+def _peer_models():
+    out = []
+    try:
+        from blitz.modules import BayesianLinear
+
+        out.append(("blitz", lambda: nn.Sequential(BayesianLinear(4, 8), nn.ReLU(), BayesianLinear(8, 3)),
+                    "BayesianLinear"))
+    except ImportError:
+        pass
+    try:
+        from bayesian_torch.models.dnn_to_bnn import dnn_to_bnn
+
+        def bayesian_torch_mlp():
+            model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+            dnn_to_bnn(model, {"prior_mu": 0.0, "prior_sigma": 1.0, "posterior_mu_init": 0.0,
+                               "posterior_rho_init": -3.0, "type": "Reparameterization", "moped_enable": False})
+            return model
+
+        out.append(("bayesian_torch", bayesian_torch_mlp, "LinearReparameterization"))
+    except ImportError:
+        pass
+    return out
+
+
+PEERS = _peer_models()
+
+
+@pytest.mark.skipif(not PEERS, reason="no peer library installed (make interop)")
+@pytest.mark.parametrize("lib, build, cls", PEERS, ids=[p[0] for p in PEERS])
+@pytest.mark.parametrize("call", ["kl", "elbo", "elbo_terms", "predict"])
+def test_an_unconverted_peer_model_is_refused_with_the_converter_named(lib, build, cls, call):
+    model = build()
+    x, y = _batch()
+    fn = {"kl": lambda: mnn.kl(model, 4, seed=0),
+          "elbo": lambda: mnn.elbo(model, x, y, num_samples=2, dataset_size=100, seed=0),
+          "elbo_terms": lambda: mnn.elbo_terms(model, x, y, num_samples=2, dataset_size=100, seed=0),
+          "predict": lambda: mnn.predict(model, x, 4, seed=0)}[call]
+    with pytest.raises(TypeError, match=rf"{cls} at '0'.*mcgraph\.interop\.{lib}\.to_mcgraph"):
+        fn()
+    # after the conversion the same calls run, with a KL that is not 0
+    from mcgraph import interop
+
+    bnn = getattr(interop, lib).to_mcgraph(model, kl_samples=4)
+    assert float(mnn.kl(bnn, seed=0)) > 0
+
+
+@pytest.mark.parametrize("call", ["kl", "elbo", "elbo_terms"])
+def test_a_model_without_bayesian_layers_is_refused(call):
+    plain = nn.Sequential(nn.Linear(4, 3))
+    x, y = _batch()
+    fn = {"kl": lambda: mnn.kl(plain),
+          "elbo": lambda: mnn.elbo(plain, x, y, num_samples=2, dataset_size=100),
+          "elbo_terms": lambda: mnn.elbo_terms(plain, x, y, num_samples=2, dataset_size=100)}[call]
+    with pytest.raises(ValueError, match="no Bayesian layer.*bayesify"):
+        fn()
+
+
+@pytest.mark.skipif(not PEERS, reason="no peer library installed (make interop)")
+def test_to_mcgraph_has_no_silent_one_sample_default():
+    from mcgraph import interop
+
+    lib, build, _ = PEERS[0]
+    with pytest.raises(TypeError, match="kl_samples is required"):
+        getattr(interop, lib).to_mcgraph(build())
+    with pytest.raises(TypeError, match="kl_samples must be an int"):
+        getattr(interop, lib).to_mcgraph(build(), kl_samples=2.5)
+
+
+def test_stderr_with_one_sample_kl_names_kl_samples_not_num_samples():
+    net = _bnn(kl_samples=1)
+    x, y = _batch()
+    with pytest.raises(ValueError, match="kl_samples must be >= 2 with return_stderr.*kl_samples=1"):
+        mnn.elbo_terms(net, x, y, num_samples=32, dataset_size=100, seed=0, return_stderr=True)
+    t = mnn.elbo_terms(net, x, y, num_samples=32, dataset_size=100, kl_samples=8, seed=0, return_stderr=True)
+    assert t.kl_stderr > 0
+
+
+@pytest.mark.skipif(not any(p[0] == "bayesian_torch" for p in PEERS), reason="bayesian-torch is not installed")
+def test_converting_from_bayesian_torch_warns_once_about_the_kl_scale():
+    from mcgraph import interop
+    from mcgraph.interop import convert
+
+    convert._SCALE_WARNED.discard("bayesian_torch")
+    build = dict((p[0], p[1]) for p in PEERS)["bayesian_torch"]
+    with pytest.warns(convert.KLScaleWarning, match="get_kl_loss averages.*dataset_size"):
+        interop.bayesian_torch.to_mcgraph(build(), kl_samples=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        interop.bayesian_torch.to_mcgraph(build(), kl_samples=2)  # once per process
+    assert "KL scale" in interop.bayesian_torch.to_mcgraph.__doc__
+
+
+@pytest.mark.parametrize("where", ["expectation", "kl_divergence", "elbo", "predict", "kl"])
+def test_a_seed_beyond_64_bits_is_refused_not_wrapped(where):
+    q = torch.distributions.Normal(torch.zeros(3), torch.ones(3))
+    net = _bnn()
+    x, y = _batch()
+    fn = {"expectation": lambda s: mg.expectation(lambda w: w * w, q, 4, seed=s),
+          "kl_divergence": lambda s: mg.kl_divergence(q, torch.distributions.Laplace(0.0, 1.0), 4, seed=s),
+          "elbo": lambda s: mnn.elbo(net, x, y, num_samples=2, dataset_size=100, seed=s),
+          "predict": lambda s: mnn.predict(net, x, 2, seed=s),
+          "kl": lambda s: mnn.kl(net, seed=s)}[where]
+    fn(2**64 - 1)
+    with pytest.raises(ValueError, match=r"seed must be in \[0, 2\*\*64\), got 18446744073709551617"):
+        fn(2**64 + 1)
+    with pytest.raises(TypeError, match="seed must be an int"):
+        fn(1.0)
+
+
+@pytest.mark.parametrize("weight", [math.nan, math.inf, -1.0])
+def test_kl_weight_must_be_finite_and_non_negative(weight):
+    x, y = _batch()
+    with pytest.raises(ValueError, match="kl_weight must be"):
+        mnn.elbo(_bnn(), x, y, num_samples=2, dataset_size=100, kl_weight=weight)
+
+
+def test_dataset_size_smaller_than_the_batch_is_refused():
+    x, y = _batch(6)
+    with pytest.raises(ValueError, match="dataset_size must be the number of training examples N, at least the "
+                                         "batch size 6; got 5"):
+        mnn.elbo(_bnn(), x, y, num_samples=2, dataset_size=5)
+    mnn.elbo(_bnn(), x, y, num_samples=2, dataset_size=6)
+
+
+# --------------------------------------------------------------------------- errors that name the argument
+
+
+def test_wrong_input_width_names_x_and_the_features_expected():
+    _, y = _batch()
+    with pytest.raises(ValueError, match=r"x: the model cannot run on x of shape \(6, 5\); the first layer "
+                                         r"\('0'\) expects 4 input features"):
+        mnn.elbo(_bnn(), torch.randn(6, 5), y, num_samples=4, dataset_size=100)
+    with pytest.raises(ValueError, match=r"x: .*shape \(6, 5\)"):
+        mnn.predict(_bnn(), torch.randn(6, 5), 4)
+
+
+def test_a_3d_input_names_x_and_y_shapes():
+    _, y = _batch()
+    with pytest.raises(ValueError, match=r"y has shape \(6,\), so the model's output for x must have shape "
+                                         r"\(6,\) \+ \(K,\).*x of shape \(6, 2, 4\) gives an output of shape \(6, 2, 3\)"):
+        mnn.elbo(_bnn(), torch.randn(6, 2, 4), y, num_samples=4, dataset_size=100)
+
+
+@pytest.mark.parametrize("call", ["elbo", "predict"])
+def test_x_as_a_list_is_a_type_error_naming_x(call):
+    x, y = _batch()
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        if call == "elbo":
+            mnn.elbo(_bnn(), x.tolist(), y, num_samples=2, dataset_size=100)
+        else:
+            mnn.predict(_bnn(), x.tolist(), 2)
+    with pytest.raises(ValueError, match=r"y must have as many rows as x \(6\), got shape \(5,\)"):
+        mnn.elbo(_bnn(), x, y[:5], num_samples=2, dataset_size=100)
+
+
+def test_a_prior_whose_support_misses_q_names_p_not_an_internal_distribution():
+    q = torch.distributions.Normal(torch.zeros(3), torch.ones(3))
+    with pytest.raises(ValueError, match=r"p: Beta's support .* does not cover the support of q \(Normal"):
+        mg.kl_divergence(q, torch.distributions.Beta(2.0, 2.0), 10, seed=0)
+    lq = torch.distributions.LogNormal(torch.zeros(3), torch.ones(3))  # positive under positive: fine
+    assert torch.isfinite(mg.kl_divergence(lq, torch.distributions.Gamma(2.0, 1.0), 10, seed=0)).all()
+
+
+def test_a_fractional_sample_count_is_a_type_error_everywhere():
+    q = torch.distributions.Normal(torch.zeros(3), torch.ones(3))
+    x, y = _batch()
+    calls = [lambda: mg.kl_divergence(q, torch.distributions.Laplace(0.0, 1.0), 2.5),
+             lambda: mg.expectation(lambda w: w, q, 2.5),
+             lambda: mnn.elbo(_bnn(), x, y, num_samples=2.5, dataset_size=100),
+             lambda: mnn.predict(_bnn(), x, 2.5),
+             lambda: mnn.kl(_bnn(), 2.5)]
+    if PEERS:
+        from mcgraph import interop
+
+        lib, build, _ = PEERS[0]
+        calls.append(lambda: getattr(interop, lib).kl(build(), 2.5))
+    for call in calls:
+        with pytest.raises(TypeError, match="num_samples must be an int.*, got float"):
+            call()
+
+
+def test_the_checks_module_is_the_one_rule():
+    from mcgraph.engine import checks
+
+    assert checks.positive_int("n", torch.tensor(3)) == 3
+    with pytest.raises(TypeError, match="n must be an int"):
+        checks.positive_int("n", True)
+    with pytest.raises(ValueError, match="n must be >= 1, got 0"):
+        checks.positive_int("n", 0)
+    assert checks.positive_int("n", None, allow_none=True) is None
+    with pytest.raises(ValueError, match="w must be > 0, got 0"):
+        checks.finite_float("w", 0.0, low=0.0, low_open=True)
+    with pytest.raises(ValueError, match="mode must be one of 'a', 'b'; got 'c'"):
+        checks.choice("mode", "c", ("a", "b"))
+
+
+def test_return_stderr_is_an_mc_estimate_from_the_functional_and_the_model_kl():
+    q = torch.distributions.Normal(torch.zeros(3), torch.ones(3))
+    a = mg.kl_divergence(q, torch.distributions.Laplace(0.0, 1.0), 8, seed=0, return_stderr=True)
+    b = mnn.kl(_bnn(kl_samples=8), seed=0, return_stderr=True)
+    assert isinstance(a, mg.MCEstimate) and isinstance(b, mg.MCEstimate)
+    assert b.num_samples == 8 and b.stderr > 0
