@@ -27,6 +27,9 @@ from .sparse_vd import SparseVD, SparseVDNormal
 from .ard import ARDPrior, ard_kl, ard_precision
 from .pruning import LayerSparsity, SparsityReport, layer_log_alpha, prune, prune_l1, sparsity
 from .mc_dropout import MCDropout, mc_dropout
+from .recurrent import BayesGRU, BayesLSTM, BayesRNN, BayesRNNBase
+from .embedding import BayesEmbedding
+from .attention import BayesMultiheadAttention
 from .scales import SCALE_TRANSFORMS, ScaleTransform, register_scale_transform, scale_transform, softplus_beta
 
 __all__ = [
@@ -40,5 +43,6 @@ __all__ = [
     "set_mode", "softmax_cross_entropy_mc", "softplus_beta", "unfreeze", "SCALE_TRANSFORMS", "ScaleTransform",
     "layer_options", "LAYER_KL", "divergence", "find_layer_kl", "register_layer_kl", "sparse_vd", "SparseVD",
     "SparseVDNormal", "ARDPrior", "ard_kl", "ard_precision", "LayerSparsity", "SparsityReport", "layer_log_alpha",
-    "prune", "prune_l1", "sparsity", "MCDropout", "mc_dropout",
+    "prune", "prune_l1", "sparsity", "MCDropout", "mc_dropout", "BayesLSTM", "BayesGRU", "BayesRNN",
+    "BayesRNNBase", "BayesEmbedding", "BayesMultiheadAttention",
 ]

@@ -4,21 +4,34 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import fnmatch
 from typing import Iterator
 
 from torch import nn
 
-from .context import bayesian_modules
-from .layers import BayesConv, BayesConvTranspose, BayesLayer, BayesLinear, SampleMode
+from .attention import BayesMultiheadAttention
+from .context import BayesianModule, bayesian_modules
+from .embedding import BayesEmbedding
+from .layers import BayesConv, BayesConvTranspose, BayesLinear, SampleMode
+from .recurrent import BayesRNNBase
 
 __all__ = ["bayesify", "set_mode", "freeze", "unfreeze", "frozen", "bayesian_modules"]
 
+#: torch module type -> Bayesian class (``cls.from_torch(module, init_from_weights=..., **options)``).
 _CONVERTIBLE = {
     nn.Linear: BayesLinear,
     nn.Conv1d: BayesConv, nn.Conv2d: BayesConv, nn.Conv3d: BayesConv,
     nn.ConvTranspose1d: BayesConvTranspose, nn.ConvTranspose2d: BayesConvTranspose,
     nn.ConvTranspose3d: BayesConvTranspose,
+    nn.LSTM: BayesRNNBase, nn.GRU: BayesRNNBase, nn.RNN: BayesRNNBase,
+    nn.Embedding: BayesEmbedding,
+    nn.MultiheadAttention: BayesMultiheadAttention,
 }
+
+#: Modules already Bayesian (never converted, never entered).
+_BAYESIAN = (BayesianModule, BayesRNNBase, BayesMultiheadAttention)
+
+_WILDCARDS = frozenset("*?[")
 
 
 def _target(module: nn.Module):
@@ -28,29 +41,74 @@ def _target(module: nn.Module):
     return None
 
 
+def _selector(only, names: set):
+    """``selected(name, module) -> bool`` for ``only`` (``None``: everything)."""
+    if only is None:
+        return None
+    items = (only,) if isinstance(only, (str, type)) else tuple(only)
+    exact, patterns, types = set(), [], []
+    for item in items:
+        if isinstance(item, type) and issubclass(item, nn.Module):
+            types.append(item)
+        elif isinstance(item, str) and _WILDCARDS & set(item):
+            if not any(fnmatch.fnmatchcase(n, item) for n in names):
+                raise ValueError(f"only: the pattern {item!r} matches no module of the model")
+            patterns.append(item)
+        elif isinstance(item, str):
+            exact.add(item)
+        else:
+            raise TypeError(f"only: expected qualified module names, name patterns or nn.Module types, got {item!r}")
+    unknown = exact - names
+    if unknown:
+        raise ValueError(f"only: no modules named {sorted(unknown)} in the model")
+    types = tuple(types)
+
+    def selected(name: str, module: nn.Module) -> bool:
+        return (name in exact or any(fnmatch.fnmatchcase(name, p) for p in patterns)
+                or (bool(types) and isinstance(module, types)))
+
+    return selected
+
+
 def bayesify(model: nn.Module, *, posterior="normal", prior=None, kl_samples: int = 1,
              init_from_weights: bool = True, local_reparameterization: bool | None = None, flipout: bool = False,
              bayesian_bias: bool = False, rho_init: float | None = None, scale_transform=None, skip=(),
-             inplace: bool = False) -> nn.Module:
-    """Replace every ``Linear`` / ``Conv*`` / ``ConvTranspose*`` of ``model`` by its Bayesian layer.
+             only=None, inplace: bool = False) -> nn.Module:
+    """Replace the weighted modules of ``model`` by their Bayesian layers.
 
-    Other modules (BatchNorm, pooling, activations, …) are left as they are, so
-    the network's ``forward`` runs unchanged; biases and BatchNorm stay
-    deterministic point estimates unless ``bayesian_bias``.
+    Converted: ``Linear``, ``Conv*``, ``ConvTranspose*`` (:class:`~mcgraph.nn.BayesLinear`,
+    :class:`~mcgraph.nn.BayesConv`, :class:`~mcgraph.nn.BayesConvTranspose`), ``LSTM`` / ``GRU`` /
+    ``RNN`` (:class:`~mcgraph.nn.BayesLSTM`, …), ``Embedding`` (:class:`~mcgraph.nn.BayesEmbedding`)
+    and ``MultiheadAttention`` (:class:`~mcgraph.nn.BayesMultiheadAttention`, so
+    ``nn.TransformerEncoder`` / ``Decoder`` models convert with one call). Other modules
+    (BatchNorm, LayerNorm, pooling, activations, …) are left as they are, so the network's
+    ``forward`` runs unchanged; biases and norms stay deterministic point estimates unless
+    ``bayesian_bias``.
 
     Args:
-        model: any ``nn.Module`` (a single ``Linear``/``Conv`` is converted too).
+        model: any ``nn.Module`` (a single convertible module is converted too).
         posterior, prior, kl_samples, local_reparameterization, flipout, bayesian_bias,
             rho_init, scale_transform: the options of :class:`~mcgraph.nn.BayesLayer`, given to every layer
             (``None``: the posterior family's default, else ``"normal"``, ``False``, −5, ``"softplus"``).
+            Recurrent, embedding and attention layers sample weights: a family's default local
+            reparameterization is off for them, and an explicit ``local_reparameterization=True`` or
+            ``flipout=True`` applies to the linear and convolutional layers only.
         init_from_weights: μ (and the bias) copied from the trained weights; otherwise
             μ is freshly initialised.
         skip: qualified module names (as in ``model.named_modules()``) to keep deterministic,
             e.g. ``("features.0",)`` for the first conv.
+        only: make only part of the network Bayesian: qualified module names, name patterns
+            (``fnmatch``: ``"encoder.layers.*.self_attn"``) or module types (``nn.MultiheadAttention``);
+            a convertible module is converted when it or a module containing it is selected.
+            ``None`` (default): every convertible module. ``skip`` still applies inside.
         inplace: convert ``model`` itself; by default a deep copy is converted.
 
     Returns:
         The converted model.
+
+    Raises:
+        ValueError: a name in ``skip`` or ``only`` (or a pattern of ``only``) that matches no module.
+        TypeError: ``model`` is not a module, or an entry of ``only`` is neither a name nor a module type.
 
     Example:
         >>> import torch, mcgraph as mg
@@ -60,6 +118,9 @@ def bayesify(model: nn.Module, *, posterior="normal", prior=None, kl_samples: in
         5
         >>> bnn(torch.zeros(2, 1, 28, 28)).shape
         torch.Size([2, 10])
+        >>> head_only = mg.nn.bayesify(net, only="classifier.5")  # the last layer only
+        >>> len(mg.nn.bayesian_modules(head_only))
+        1
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -70,26 +131,43 @@ def bayesify(model: nn.Module, *, posterior="normal", prior=None, kl_samples: in
     unknown = skip - names
     if unknown:
         raise ValueError(f"skip: no modules named {sorted(unknown)} in the model")
+    selected = _selector(only, names)
     if not inplace:
         model = copy.deepcopy(model)
     options = dict(posterior=posterior, prior=prior, kl_samples=kl_samples,
                    local_reparameterization=local_reparameterization, flipout=flipout,
                    bayesian_bias=bayesian_bias, rho_init=rho_init, scale_transform=scale_transform)
+    sampling_options = dict(options, local_reparameterization=None, flipout=False)
 
     def convert(module: nn.Module):
         cls = _target(module)
-        return cls.from_torch(module, init_from_weights=init_from_weights, **options)
+        opts = options if cls in (BayesLinear, BayesConv, BayesConvTranspose) else sampling_options
+        return cls.from_torch(module, init_from_weights=init_from_weights, **opts)
 
-    if "" not in skip and _target(model) is not None and not isinstance(model, BayesLayer):
-        return convert(model)
-    for name, parent in list(model.named_modules()):
-        if isinstance(parent, BayesLayer):
-            continue
+    def chosen(name: str, module: nn.Module, inherited: bool) -> bool:
+        return inherited or selected is None or selected(name, module)
+
+    root_chosen = chosen("", model, False)
+    if _target(model) is not None and not isinstance(model, _BAYESIAN):
+        return convert(model) if "" not in skip and root_chosen else model
+
+    def walk(parent: nn.Module, prefix: str, inherited: bool) -> None:
         for child_name, child in list(parent.named_children()):
-            full = f"{name}.{child_name}" if name else child_name
-            if full in skip or isinstance(child, BayesLayer) or _target(child) is None:
+            full = f"{prefix}.{child_name}" if prefix else child_name
+            if isinstance(child, _BAYESIAN):
                 continue
-            setattr(parent, child_name, convert(child))
+            on = chosen(full, child, inherited)
+            if _target(child) is not None:  # converted whole, never entered (MultiheadAttention's out_proj)
+                if on and full not in skip:
+                    setattr(parent, child_name, convert(child))
+                continue
+            walk(child, full, on)
+
+    walk(model, "", root_chosen)
+    for module in model.modules():  # torch's nested-tensor encoder path would read the mean weights directly
+        if isinstance(module, nn.TransformerEncoder) and any(
+                isinstance(m, BayesMultiheadAttention) for m in module.modules()):
+            module.use_nested_tensor = False
     return model
 
 
