@@ -1,7 +1,11 @@
-"""``python -m mcgraph train --optimizer vogn|adaptive-vb|adam [--spike-slab ...]``: the optimizers' training path.
+"""``python -m mcgraph train --optimizer vogn|ivon|adaptive-vb|adam [--spike-slab ...]``: the optimizers' training path.
 
 The plain network of ``--model`` (never bayesified) is trained with cross-entropy by
 
+* ``ivon`` — :class:`~mcgraph.optim.IVON` (``--ess``, default the number of training examples;
+  ``--hess-init``, ``--betas`` (β₁, β₂), ``--weight-decay`` (default 1e-4 here), ``--hess-approx``,
+  ``--clip-radius``, ``--mc-samples``; ``--lr`` defaults to 0.1, the paper's recommendation, when it
+  is not given); the posterior predictive is ``optimizer.posterior_model()``;
 * ``vogn`` — :class:`~mcgraph.optim.VOGN` (``--mc-samples``, ``--prior-precision``, ``--damping``,
   ``--tempering``, ``--betas``, …); the posterior predictive is ``optimizer.posterior_model()``;
 * ``adaptive-vb`` — :class:`~mcgraph.optim.AdaptiveVB` (``--avb-form gaussian``, the default:
@@ -34,7 +38,14 @@ from torch import nn
 
 __all__ = ["add_arguments", "train", "OPTIMIZERS", "build_optimizer", "predictive_model"]
 
-OPTIMIZERS = ("vogn", "adaptive-vb", "adam")
+OPTIMIZERS = ("vogn", "ivon", "adaptive-vb", "adam")
+
+#: ``--lr`` when not given, per optimizer (the others use ``mcgraph train``'s default)
+DEFAULT_LR = {"ivon": 0.1}
+
+
+class _DefaultLR(float):
+    """``mcgraph train``'s ``--lr`` default, marked so that an optimizer with its own default can tell it apart."""
 
 
 def _positive_int(text: str) -> int:
@@ -70,7 +81,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("optimizers (mcgraph.optim): train the plain network with VOGN, adaptive VB "
                                   "or Adam instead of the ELBO of a bayesified one")
     g.add_argument("--optimizer", default=None, choices=OPTIMIZERS,
-                   help="vogn, adaptive-vb or adam (default: the ELBO training of the bayesified network)")
+                   help="vogn, ivon, adaptive-vb or adam (default: the ELBO training of the bayesified network)")
+    lr_default = parser.get_default("lr")
+    if isinstance(lr_default, float) and not isinstance(lr_default, _DefaultLR):
+        parser.set_defaults(lr=_DefaultLR(lr_default))
+    g.add_argument("--ess", type=_positive_float, default=None,
+                   help="IVON's effective sample size λ (default: the number of training examples)")
+    g.add_argument("--hess-init", type=_positive_float, default=1.0, help="IVON's initial hessian h0")
+    g.add_argument("--hess-approx", default="price", choices=["price", "gradsq"], help="IVON's hessian estimator")
+    g.add_argument("--clip-radius", type=_positive_float, default=float("inf"), help="IVON's element-wise step clip")
     g.add_argument("--mc-samples", type=_positive_int, default=1, help="weight samples per step (VOGN's K)")
     g.add_argument("--prior-precision", type=_non_negative_float, default=1.0, help="δ of the N(0, I/δ) prior")
     g.add_argument("--damping", type=_non_negative_float, default=3e-2, help="VOGN's external damping γ")
@@ -78,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tempering-init", type=_positive_float, default=None, help="τ at step 1 of a linear warm-up")
     g.add_argument("--tempering-warmup-steps", type=_non_negative_int, default=0)
     g.add_argument("--betas", type=float, nargs=2, default=None,
-                   help="VOGN (β1, β2) [0.9 0.999]; adaptive VB (β1, γ) [0.9 0.01]; SGHMC (β1, β2) [0.1 1]")
+                   help="VOGN (β1, β2) [0.9 0.999]; IVON (β1, β2) [0.9 0.99999]; adaptive VB (β1, γ) [0.9 0.01]; SGHMC (β1, β2) [0.1 1]")
     g.add_argument("--data-augmentation-factor", type=_positive_float, default=1.0, help="VOGN's ρ (N ← ρN)")
     g.add_argument("--init-precision", type=_non_negative_float, default=None,
                    help="initial curvature s / precision π (default: from the first minibatch)")
@@ -92,8 +111,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--precision-decay", type=_positive_float, default=1.0, help="adaptive VB's λ")
     g.add_argument("--temperature", type=_positive_float, default=None, help="SGHMC's T (default N^-1/2)")
     g.add_argument("--precision-lr", type=_non_negative_float, default=0.1, help="SGHMC's η")
-    g.add_argument("--weight-decay", type=_non_negative_float, default=5e-4,
-                   help="SGHMC's decay (prior precision / N); with --spike-slab the slab decay is used instead")
+    g.add_argument("--weight-decay", type=_non_negative_float, default=None,
+                   help="IVON's δ [1e-4] or SGHMC's decay [5e-4] (prior precision / N); with --spike-slab SGHMC "
+                        "uses the slab decay instead")
     g.add_argument("--cycles", type=_positive_int, default=1, help="cycles of SGHMC's cyclical cosine rate")
     g.add_argument("--snapshots-per-cycle", type=_positive_int, default=3)
     g.add_argument("--spike-slab", action="store_true", help="group spike-and-slab EM with one-shot pruning")
@@ -138,6 +158,16 @@ def build_optimizer(args, model: nn.Module, n: int, batches: int, spike_slab=Non
                     data_augmentation_factor=args.data_augmentation_factor, init_precision=args.init_precision,
                     variant=args.vogn_variant, batchnorm_prior=args.batchnorm_prior, seed=args.seed,
                     spike_slab=spike_slab, **betas), None
+    if args.optimizer == "ivon":
+        from ..optim.ivon import IVON
+
+        if spike_slab is not None:
+            raise ValueError("--spike-slab: not available with --optimizer ivon (use vogn, adaptive-vb or adam)")
+        kw = {} if args.betas is None else {"beta1": args.betas[0], "beta2": args.betas[1]}
+        return IVON(model, lr=args.lr, ess=args.ess or n, hess_init=args.hess_init,
+                    weight_decay=1e-4 if args.weight_decay is None else args.weight_decay,
+                    mc_samples=args.mc_samples, hess_approx=args.hess_approx, clip_radius=args.clip_radius,
+                    seed=args.seed, **kw), None
     if args.optimizer == "adaptive-vb" and args.avb_form == "gaussian":
         return AdaptiveVB(model, n, lr=args.lr, alpha=args.alpha, precision_decay=args.precision_decay,
                           prior_precision=args.prior_precision, num_mc_samples=args.mc_samples,
@@ -145,7 +175,8 @@ def build_optimizer(args, model: nn.Module, n: int, batches: int, spike_slab=Non
                           init_precision=args.init_precision or None, batchnorm_prior=args.batchnorm_prior,
                           seed=args.seed, spike_slab=spike_slab, **betas), None
     if args.optimizer == "adaptive-vb":
-        decay = args.slab_decay if spike_slab is not None else args.weight_decay  # the slab prior on the rest
+        decay = args.slab_decay if spike_slab is not None else (5e-4 if args.weight_decay is None
+                                                                 else args.weight_decay)  # the slab prior on the rest
         opt = AdaptiveSGHMC(model.parameters(), n, lr=args.lr, weight_decay=decay,
                             temperature=args.temperature, precision_lr=args.precision_lr, seed=args.seed,
                             spike_slab=spike_slab, **betas)
@@ -160,8 +191,9 @@ def build_optimizer(args, model: nn.Module, n: int, batches: int, spike_slab=Non
 def predictive_model(optimizer, model: nn.Module, ensemble) -> tuple[nn.Module, int | None]:
     """``(model to predict with, exact number of samples or None)`` for the trained ``optimizer``."""
     from ..optim.gaussian import GaussianVariationalOptimizer
+    from ..optim.ivon import IVON
 
-    if isinstance(optimizer, GaussianVariationalOptimizer):
+    if isinstance(optimizer, (GaussianVariationalOptimizer, IVON)):
         return optimizer.posterior_model().eval(), None
     if ensemble is not None and len(ensemble):
         return ensemble.eval(), len(ensemble)
@@ -196,7 +228,7 @@ def _checkpoint(path: Path, model, optimizer, scheduler, spike_slab, ensemble, e
 
 
 def _loss_step(kind: str, optimizer, closure, spike_slab):
-    if kind in ("vogn", "adaptive-vb-gaussian"):
+    if kind in ("vogn", "ivon", "adaptive-vb-gaussian"):
         return optimizer.step(closure)
     loss = closure()
     if kind == "adam" and spike_slab is not None:
@@ -222,6 +254,9 @@ def train(args) -> dict:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if isinstance(args.lr, _DefaultLR) and args.optimizer in DEFAULT_LR:
+        args.lr = DEFAULT_LR[args.optimizer]
+    args.lr = float(args.lr)
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
     ds, (x_train, y_train), (x_test, y_test), (x_eval, y_eval) = base.load_splits(args)
@@ -323,10 +358,12 @@ def train(args) -> dict:
     summary = {
         "model": args.model, "dataset": args.dataset, "bayesian": kind != "adam", "optimizer": args.optimizer,
         "form": args.avb_form if args.optimizer == "adaptive-vb" else None,
-        "posterior": {"vogn": "normal (VOGN)", "adaptive-vb-gaussian": "normal (adaptive VB)",
+        "posterior": {"vogn": "normal (VOGN)", "ivon": "normal (IVON)", "adaptive-vb-gaussian": "normal (adaptive VB)",
                       "adaptive-vb-sghmc": f"snapshot ensemble ({len(ensemble) if ensemble else 0})",
                       "adam": None}[kind],
-        "prior": None if kind == "adam" else ("spike-and-slab" if spike_slab else f"normal(δ={args.prior_precision})"),
+        "prior": None if kind == "adam" else ("spike-and-slab" if spike_slab else
+                                              f"normal(precision={_ivon_prior(optimizer)})" if kind == "ivon" else
+                                              f"normal(δ={args.prior_precision})"),
         "kl_samples": None, "epochs": args.epochs, "steps": step, "parameters": n_params, "train_examples": n_train,
         "train_time_s": t_train, "eval_time_s": time.perf_counter() - t0,
         "skipped_steps": int(getattr(optimizer, "skipped_steps", 0)),
@@ -346,6 +383,11 @@ def train(args) -> dict:
     base.log(f"test: accuracy {test['accuracy']:.4f}  NLL {test['nll']:.4f}  ECE {test['ece']:.4f}  "
               f"Brier {test['brier']:.4f}  -> {out / 'summary.md'}")
     return summary
+
+
+def _ivon_prior(optimizer) -> float:
+    group = optimizer.param_groups[0]
+    return group["ess"] * group["weight_decay"]
 
 
 def _markdown(s: dict) -> str:
