@@ -34,6 +34,7 @@ from .resnet import (
     resnet152,
 )
 from .unet import UNetEncoder, unet3d_encoder
+from .sequence import LSTMClassifier, TransformerClassifier, lstm_classifier, transformer_classifier
 from .vgg import VGG, VGG_CONFIGS, vgg11, vgg13, vgg16, vgg19
 
 __all__ = [
@@ -53,6 +54,8 @@ __all__ = [
     "ResNet",
     "UNetEncoder",
     "VGG",
+    "LSTMClassifier",
+    "TransformerClassifier",
     "VGG_CONFIGS",
     # builders
     "lenet5",
@@ -76,4 +79,6 @@ __all__ = [
     "densenet169",
     "densenet201",
     "unet3d_encoder",
+    "lstm_classifier",
+    "transformer_classifier",
 ]
