@@ -376,3 +376,38 @@ def test_same_accuracy_as_ivon_opt_on_digits_one_seed():
 def test_same_accuracy_as_ivon_opt_on_digits_three_seeds():
     torch.set_num_threads(1)
     _against_reference([0, 1, 2])
+
+
+# ---------------------------------------------------------------------------------------- many samples per step
+
+
+def test_step_samples_vmapped_equals_the_loop_and_sampled_params_blocks():
+    x, y = _data()
+    nets = [_net() for _ in range(3)]
+    opts = [IVON(n, lr=0.1, ess=50, beta2=0.9, mc_samples=4, seed=2) for n in nets]
+    for _ in range(5):
+        la = opts[0].step_samples(lambda: F.cross_entropy(nets[0](x), y), vectorize=True)
+        lb = opts[1].step_samples(lambda: F.cross_entropy(nets[1](x), y), vectorize=False)
+        _sample_step(opts[2], nets[2], x, y, samples=4)
+        torch.testing.assert_close(la, lb, rtol=1e-12, atol=0)
+    for a, b, c in zip(*(n.parameters() for n in nets)):
+        torch.testing.assert_close(a, c, rtol=1e-12, atol=1e-14)
+        assert torch.equal(b, c)
+
+
+def test_step_samples_falls_back_to_the_loop_where_vmap_refuses_the_model():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 3)).to(DT)
+    ref = copy.deepcopy(net)
+    x, y = _data()
+    opt, opt_ref = IVON(net, lr=0.1, ess=50, mc_samples=3, seed=0), IVON(ref, lr=0.1, ess=50, mc_samples=3, seed=0)
+    with pytest.raises(Exception):
+        opt.step_samples(lambda: F.cross_entropy(net(x), y), vectorize=True)
+    opt, net = IVON(copy.deepcopy(ref), lr=0.1, ess=50, mc_samples=3, seed=0), None
+    net = opt.model
+    opt.step_samples(lambda: F.cross_entropy(net(x), y))
+    opt_ref.step_samples(lambda: F.cross_entropy(ref(x), y), vectorize=False)
+    for a, b in zip(net.parameters(), ref.parameters()):
+        assert torch.equal(a, b)
+    for a, b in zip(net.buffers(), ref.buffers()):  # the refused vmap attempt left the running statistics alone
+        assert torch.equal(a, b)

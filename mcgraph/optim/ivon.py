@@ -405,6 +405,83 @@ class IVON(CountedOptimizer):
         self._reset_samples()
         return loss
 
+    def step_samples(self, loss_fn: Callable[[], torch.Tensor], *, vectorize: bool | None = None,
+                     model: nn.Module | None = None) -> torch.Tensor:
+        """One step from ``mc_samples`` weight samples evaluated together; returns their mean loss.
+
+        ``loss_fn()`` calls the model and returns the batch-mean loss **without** calling
+        ``backward()``. With ``vectorize`` (default: when K > 1 and the model allows it) the K samples run as
+        one batched forward and backward: the parameters are stacked along a leading sample axis and
+        ``torch.func.vmap(torch.func.grad(...))`` evaluates ``loss_fn`` at every sample (BatchNorm in
+        training mode and in-place buffer updates cannot be vmapped). Otherwise, or when vmap refuses
+        the model and ``vectorize`` is ``None``, the samples run one after the other. Both paths use the
+        same noise as K ``sampled_params(train=True)`` blocks and give the same step up to rounding.
+
+        Args:
+            loss_fn: the loss of the current batch, computed through the model's forward.
+            vectorize: ``True`` (vmap or raise), ``False`` (a loop), ``None`` (vmap if K > 1 and possible).
+            model: the network (default: the one given to the constructor; needed for vmap).
+
+        Example:
+            >>> import torch, torch.nn.functional as F, mcgraph as mg
+            >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+            >>> x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+            >>> opt = mg.optim.IVON(net, lr=0.1, ess=16, mc_samples=8, seed=0)
+            >>> loss = opt.step_samples(lambda: F.cross_entropy(net(x), y))
+        """
+        model = model if model is not None else self.model
+        if vectorize and model is None:
+            raise ValueError("model: step_samples(vectorize=True) needs the network (IVON(model, ...) or model=)")
+        draws, count, grads, hess = self._draws, self._count, self._avg_grad, self._avg_hess
+        if vectorize or (vectorize is None and model is not None and self.mc_samples > 1):
+            try:
+                loss = self._vectorized_samples(loss_fn, model)
+                self.step()
+                return loss
+            except Exception:
+                if vectorize:
+                    raise
+                self._draws, self._count, self._avg_grad, self._avg_hess = draws, count, grads, hess
+        losses = []
+        for _ in range(self.mc_samples):
+            with self.sampled_params(train=True):
+                self.zero_grad(set_to_none=True)
+                with torch.enable_grad():
+                    loss = loss_fn()
+                    loss.backward()
+                losses.append(loss.detach())
+        self.step()
+        return torch.stack(losses).mean()
+
+    def _vectorized_samples(self, loss_fn: Callable[[], torch.Tensor], model: nn.Module) -> torch.Tensor:
+        """Record ``mc_samples`` samples from one vmapped forward/backward; returns their mean loss."""
+        from torch.func import functional_call, grad, vmap  # noqa: F401 (functional_call: same machinery)
+        from torch.nn.utils.stateless import _reparametrize_module
+
+        flat = self._flat()
+        names = self._names(model)
+        missing = [n for n in names.values() if n.startswith("param_groups.")]
+        if missing:
+            raise ValueError(f"model: does not hold the optimizer's parameters {missing}")
+        with torch.no_grad():
+            noises = []
+            for _ in range(self.mc_samples):
+                noises.append(self._noise())
+                self._draws += 1
+            stacked = {names[id(p)]: torch.stack([(self._mean(p) + n[j]).to(p.dtype) for n in noises])
+                       for j, (p, _) in enumerate(flat)}
+
+        def loss_at(params: dict) -> tuple[torch.Tensor, torch.Tensor]:
+            with _reparametrize_module(model, params):
+                loss = loss_fn()
+            return loss, loss.detach()
+
+        with torch.enable_grad():
+            grads, losses = vmap(grad(loss_at, has_aux=True), randomness="different")(stacked)
+        for k, n in enumerate(noises):
+            self._record([grads[names[id(p)]][k] for p, _ in flat], n)
+        return losses.mean()
+
     # ------------------------------------------------------------------ state
 
     def state_dict(self) -> dict:
