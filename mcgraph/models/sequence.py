@@ -63,7 +63,7 @@ class LSTMClassifier(nn.Module):
 
 
 class TransformerClassifier(nn.Module):
-    """A linear embedding of each step plus a learned position embedding, a ``TransformerEncoder``,
+    """A linear embedding of each step plus a learned position table, a ``TransformerEncoder``,
     mean pooling over steps and a linear head.
 
     Args:
@@ -83,15 +83,18 @@ class TransformerClassifier(nn.Module):
         if d_model % nhead:
             raise ValueError(f"d_model must be divisible by nhead, got d_model={d_model} and nhead={nhead}")
         self.embed = nn.Linear(input_size, d_model)
-        self.position = nn.Embedding(max_len, d_model)
+        # a table added to every sequence (not looked up per example): a point estimate, never converted
+        self.position = nn.Parameter(torch.randn(max_len, d_model) * 0.02)
         layer = nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout, batch_first=True)
         self.encoder = nn.TransformerEncoder(layer, num_layers, enable_nested_tensor=False)
         self.head = nn.Linear(d_model, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = as_sequence(x)
-        steps = torch.arange(x.shape[1], device=x.device)
-        h = self.embed(x) + self.position(steps)
+        if x.shape[1] > self.position.shape[0]:
+            raise ValueError(f"x: sequences of at most max_len={self.position.shape[0]} steps, got shape "
+                             f"{tuple(x.shape)}")
+        h = self.embed(x) + self.position[:x.shape[1]]
         return self.head(self.encoder(h).mean(1))
 
 
