@@ -381,26 +381,40 @@ class IVON(CountedOptimizer):
         avg_grad, avg_hess = self._reduce()
         self.counters["step"] += 1
         t = self.counters["step"]
-        for (p, group), gbar, hbar in zip(self._flat(), avg_grad, avg_hess):
-            state = self.state[p]
+        i = 0
+        for group in self.param_groups:  # one foreach call per operation and group (the math as written above)
+            ps = group["params"]
+            gbar, hbar = avg_grad[i:i + len(ps)], avg_hess[i:i + len(ps)]
+            i += len(ps)
             b1, b2, wd, ess = group["beta1"], group["beta2"], group["weight_decay"], group["ess"]
-            hess = state["hess"]
-            momentum = b1 * state["momentum"] + (1.0 - b1) * gbar                              # line 3
+            states = [self.state[p] for p in ps]
+            hess = [st["hess"] for st in states]
+            momentum = torch._foreach_add(torch._foreach_mul([st["momentum"] for st in states], b1),
+                                          torch._foreach_mul(gbar, 1.0 - b1))                  # line 3
+            hess_wd = torch._foreach_add(hess, wd)
             if self.hess_approx == HessApprox.PRICE:
-                h_hat = hbar * (hess + wd) * ess                                               # line 2: ĝ ε/σ
+                h_hat = torch._foreach_mul(torch._foreach_mul(hbar, hess_wd), ess)             # line 2: ĝ ε/σ
             else:
-                h_hat = hbar * ess
-            hess = b2 * hess + (1.0 - b2) * h_hat + (0.5 * (1.0 - b2) ** 2) * (hess - h_hat).square() / (hess + wd)
+                h_hat = torch._foreach_mul(hbar, ess)
+            diff = torch._foreach_sub(hess, h_hat)
+            correction = torch._foreach_div(torch._foreach_mul(torch._foreach_mul(diff, diff),
+                                                               0.5 * (1.0 - b2) ** 2), hess_wd)
+            hess = torch._foreach_add(torch._foreach_add(torch._foreach_mul(hess, b2),
+                                                         torch._foreach_mul(h_hat, 1.0 - b2)), correction)  # line 4
             lr = group["lr"] * (group["hess_init"] + wd) if self.rescale_lr else group["lr"]
             debias = 1.0 - math.pow(b1, float(t)) if self.debias else 1.0                     # line 5
-            mean = self._mean(p)
-            step = ((momentum / debias + wd * mean) / (hess + wd)).clip(-group["clip_radius"], group["clip_radius"])
-            mean = mean - lr * step                                                            # line 6
-            state["momentum"], state["hess"] = momentum, hess
-            if "mean" in state:
-                state["mean"] = mean
-                p.copy_(mean)
-            else:
+            means = [self._mean(p) for p in ps]
+            step = torch._foreach_div(torch._foreach_add(torch._foreach_div(momentum, debias),
+                                                         torch._foreach_mul(means, wd)),
+                                      torch._foreach_add(hess, wd))
+            if math.isfinite(group["clip_radius"]):
+                torch._foreach_clamp_min_(step, -group["clip_radius"])
+                torch._foreach_clamp_max_(step, group["clip_radius"])
+            means = torch._foreach_sub(means, torch._foreach_mul(step, lr))                   # line 6
+            for p, st, m, h, mean in zip(ps, states, momentum, hess, means):
+                st["momentum"], st["hess"] = m, h
+                if "mean" in st:
+                    st["mean"] = mean
                 p.copy_(mean)
         self._reset_samples()
         return loss
