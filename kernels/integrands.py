@@ -39,6 +39,7 @@ import triton.language as tl
 from torch.distributions import Cauchy, Distribution, Gamma, InverseGamma, Laplace, LogNormal, Normal, StudentT
 
 from mcgraph.distributions import Logistic, LogUniform, ScaleMixtureNormal
+from mcgraph.engine.registry import Registry
 
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
@@ -58,37 +59,29 @@ class TritonIntegrand:
         return self.dist_type.__name__
 
 
-class IntegrandRegistry:
-    """Distribution class → :class:`TritonIntegrand`; usable as a decorator or a call."""
+#: Distribution class -> :class:`TritonIntegrand` (see :func:`integrand_entry` for the lookup rule).
+LOG_PROBS: Registry = Registry("Triton log-density", by_type=True)
 
-    def __init__(self):
-        self._entries: dict[type, TritonIntegrand] = {}
 
-    def register(self, dist_type: type, *, params: Callable[[Distribution], tuple],
-                 normalizer: Callable[..., torch.Tensor] | None = None, positive: bool = False):
-        if not (isinstance(dist_type, type) and issubclass(dist_type, Distribution)):
-            raise TypeError(f"register_log_prob expects a Distribution subclass, got {dist_type!r}")
+def register_log_prob(dist_type: type, *, params: Callable[[Distribution], tuple],
+                      normalizer: Callable[..., torch.Tensor] | None = None, positive: bool = False):
+    """Register the ``@triton.jit`` log-density of ``dist_type`` (a decorator)."""
+    if not (isinstance(dist_type, type) and issubclass(dist_type, Distribution)):
+        raise TypeError(f"register_log_prob expects a Distribution subclass, got {dist_type!r}")
 
-        def decorator(device_fn):
-            self._entries[dist_type] = TritonIntegrand(dist_type, device_fn, params, normalizer, positive)
-            return device_fn
+    def decorator(device_fn):
+        LOG_PROBS.register(dist_type, TritonIntegrand(dist_type, device_fn, params, normalizer, positive))
+        return device_fn
 
-        return decorator
+    return decorator
 
-    def registered(self) -> tuple[type, ...]:
-        return tuple(self._entries)
 
-    def lookup(self, dist_type: type) -> TritonIntegrand | None:
-        """The entry of the most specific registered base whose ``log_prob`` ``dist_type`` inherits."""
-        for t in dist_type.__mro__:
-            entry = self._entries.get(t)
-            if entry is not None:
-                return entry if getattr(dist_type, "log_prob") is getattr(t, "log_prob") else None
+def integrand_entry(dist_type: type) -> TritonIntegrand | None:
+    """The entry of the most specific registered base whose ``log_prob`` ``dist_type`` inherits."""
+    entry = LOG_PROBS.lookup(dist_type, None)
+    if entry is None or getattr(dist_type, "log_prob") is not getattr(entry.dist_type, "log_prob"):
         return None
-
-
-LOG_PROBS = IntegrandRegistry()
-register_log_prob = LOG_PROBS.register
+    return entry
 
 
 # --------------------------------------------------------------------------- device helpers
@@ -224,7 +217,7 @@ def inverse_gamma_log_prob(w, k, rate, p2, p3):
 
 def integrand_for(prior: Distribution) -> TritonIntegrand:
     """The registered integrand for ``prior``; ``NotImplementedError`` naming its type otherwise."""
-    entry = LOG_PROBS.lookup(type(prior))
+    entry = integrand_entry(type(prior))
     if entry is None:
         names = sorted(t.__name__ for t in LOG_PROBS.registered())
         raise NotImplementedError(f"prior: no Triton log-density is registered for {type(prior).__name__} "

@@ -33,6 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
+from mcgraph.engine.registry import Registry
+
 from .utils import block_for, check_device, check_num_samples, check_seed, compute_dtype, tl_dtype
 
 
@@ -148,16 +150,12 @@ class TritonNoise:
     radial: bool = False
 
 
-NOISE_LAWS: dict[str, TritonNoise] = {}
+NOISE_LAWS: Registry = Registry("noise law", unique=True)
 
 
 def register_noise(name: str, transform, *, positive: bool = False, radial: bool = False) -> TritonNoise:
     """Register a noise law: ``transform`` is a ``@triton.jit`` function ``(u1, u2) -> ξ``."""
-    if name in NOISE_LAWS:
-        raise ValueError(f"noise law {name!r} is already registered")
-    law = TritonNoise(name, transform, positive, radial)
-    NOISE_LAWS[name] = law
-    return law
+    return NOISE_LAWS.register(name, TritonNoise(name, transform, positive, radial))
 
 
 def noise_law(name: str) -> TritonNoise:

@@ -30,6 +30,7 @@ TARGETS: dict[str, str] = {
     "sparse_vd_table": "paper_tables.sparse_vd_table",
     "random_labels": "paper_tables.random_labels",
     "bbb_cnn": "paper_tables.bbb_cnn",
+    "ivon_table": "paper_tables.ivon_table",
 }
 
 

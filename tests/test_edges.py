@@ -232,3 +232,40 @@ def test_return_stderr_is_an_mc_estimate_from_the_functional_and_the_model_kl():
     b = mnn.kl(_bnn(kl_samples=8), seed=0, return_stderr=True)
     assert isinstance(a, mg.MCEstimate) and isinstance(b, mg.MCEstimate)
     assert b.num_samples == 8 and b.stderr > 0
+
+
+# --------------------------------------------------------------------------- the command line
+
+
+def test_the_command_line_lists_its_commands_and_exits_0():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "mcgraph", "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "train" in done.stdout and "bench" in done.stdout
+    bad = subprocess.run([sys.executable, "-m", "mcgraph", "nope"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown command 'nope'" in bad.stderr
+
+
+def test_train_help_is_grouped_and_shows_defaults():
+    from mcgraph.apps.train import build_parser
+
+    text = build_parser().format_help()
+    for group in ("model and data:", "posterior and prior:", "ELBO:", "optimisation:", "evaluation:",
+                  "checkpoints and output:"):
+        assert group in text
+    assert "(default: mnist)" in text and "(default: 1000)" in text and "(default: 0.001)" in text
+
+
+def test_progress_draws_no_bar_into_a_log_file(tmp_path, monkeypatch):
+    import sys
+
+    from mcgraph.apps.training_run import Progress
+
+    with open(tmp_path / "log.txt", "w") as log:
+        monkeypatch.setattr(sys, "stderr", log)
+        bar = Progress(10, "epoch 1/1", enabled=True)
+        for _ in range(10):
+            bar.update(loss=1.0)
+        bar.close()
+    assert bar.bar is None and "\r" not in (tmp_path / "log.txt").read_text()

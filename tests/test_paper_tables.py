@@ -39,7 +39,7 @@ def _cell(cells, q_paper, p_paper):
 
 def test_registry_of_targets():
     assert set(TARGETS) == {"table1", "theorems", "fig2_left", "fig2_right", "fig1_fig6", "fig7_fig8", "vogn_table",
-                            "spike_slab", "sparse_vd_kl", "sparse_vd_table", "random_labels", "bbb_cnn"}
+                            "spike_slab", "sparse_vd_kl", "sparse_vd_table", "random_labels", "bbb_cnn", "ivon_table"}
     with pytest.raises(ValueError, match="target must be one of"):
         get_target("table9")
 

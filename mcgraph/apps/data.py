@@ -27,11 +27,13 @@ import importlib
 import importlib.util
 import pickle
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from ..engine.registry import Registry
 
 __all__ = ["Dataset", "DATASETS", "load_dataset", "register_dataset"]
 
@@ -56,18 +58,14 @@ class Dataset(NamedTuple):
         return tuple(self.x_train.shape[1:])
 
 
-DATASETS: dict[str, Callable[..., Dataset]] = {}
+DATASETS: Registry = Registry("dataset")
 """``name -> loader(seed) -> Dataset``."""
 
 
 def register_dataset(name: str):
     """Register ``loader(seed: int) -> Dataset`` under ``name`` (decorator)."""
 
-    def decorator(loader):
-        DATASETS[name] = loader
-        return loader
-
-    return decorator
+    return DATASETS.register(name)
 
 
 def _require(module: str, package: str, how: str):

@@ -50,58 +50,82 @@ from .training_run import (Progress, build_model, evaluate, family_options, is_b
 __all__ = ["main", "build_parser", "build_model", "mlp", "evaluate", "prediction_metrics", "load_splits", "train"]
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Adds "(default: X)" where an option has a default its help does not already state."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text or not action.option_strings:
+            return text
+        return f"{text} (default: {action.default})".strip()
+
+    def _format_action(self, action):
+        if action.help is None and action.option_strings and action.default not in (None, False):
+            action.help = f"(default: {action.default})"
+        return super()._format_action(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     import mcgraph.nn as mnn
 
-    p = argparse.ArgumentParser(prog="mcgraph train", description="Train a Bayesian neural network "
-                                "(mcgraph.nn) on a dataset shipped in an installable package.")
-    p.add_argument("--model", default="lenet5", help=f"mlp or one of {sorted(MODELS)}")
-    p.add_argument("--hidden", type=int, nargs="+", default=[256, 256], help="hidden widths of --model mlp")
-    p.add_argument("--dataset", default="mnist", choices=sorted(DATASETS))
-    p.add_argument("--image-size", type=int, default=None,
+    p = argparse.ArgumentParser(prog="mcgraph train", formatter_class=_HelpFormatter,
+                                description="Train a Bayesian neural network (mcgraph.nn) on a dataset shipped in an "
+                                            "installable package.")
+    g_model = p.add_argument_group("model and data")
+    g_model.add_argument("--model", default="lenet5", help=f"mlp or one of {sorted(MODELS)}")
+    g_model.add_argument("--hidden", type=int, nargs="+", default=[256, 256], help="hidden widths of --model mlp")
+    g_model.add_argument("--dataset", default="mnist", choices=sorted(DATASETS))
+    g_model.add_argument("--image-size", type=int, default=None,
                    help="resize 2-d images (default: 28 for lenet5 on smaller images)")
-    p.add_argument("--posterior", default="radial", choices=sorted(mnn.POSTERIORS))
-    p.add_argument("--prior", default=None, choices=sorted(mnn.PRIORS),
+    g_model.add_argument("--limit-train", type=int, default=None, help="use the first N training examples")
+    g_model.add_argument("--limit-test", type=int, default=None, help="use the first N test examples")
+    g_posterior = p.add_argument_group("posterior and prior")
+    g_posterior.add_argument("--posterior", default="radial", choices=sorted(mnn.POSTERIORS))
+    g_posterior.add_argument("--prior", default=None, choices=sorted(mnn.PRIORS),
                    help="default: the posterior family's (sparse_vd: log_uniform), else normal")
-    p.add_argument("--prior-scale", type=float, default=None, help="scale of a normal/laplace/student_t prior")
-    p.add_argument("--kl-samples", type=int, default=1000, help="M of every layer's KL")
-    p.add_argument("--kl-method", default="auto", help="the engine's method for the KL")
-    p.add_argument("--train-samples", type=int, default=1, help="whole-network samples of the data term per step")
-    p.add_argument("--chunk-size", type=int, default=None, help="samples per chunk of the data term")
-    p.add_argument("--kl-schedule", default="constant", choices=["constant", "linear", "blundell"])
-    p.add_argument("--kl-weight", type=float, default=1.0, help="β of the constant / final β of the linear schedule")
-    p.add_argument("--warmup-epochs", type=float, default=1.0, help="length of the linear KL warm-up")
-    p.add_argument("--rho-init", type=float, default=None,
+    g_posterior.add_argument("--prior-scale", type=float, default=None, help="scale of a normal/laplace/student_t prior")
+    g_posterior.add_argument("--rho-init", type=float, default=None,
                    help="initial ρ (default −5 with σ = softplus(ρ); sparse_vd: log σ² = −10)")
-    p.add_argument("--scale-transform", default=None,
+    g_posterior.add_argument("--scale-transform", default=None,
                    help="how σ is derived from ρ: softplus (default), exp (ρ = log σ), exp_half (ρ = log σ²; "
                         "the sparse_vd default)")
-    p.add_argument("--local-reparameterization", action="store_true",
+    g_posterior.add_argument("--local-reparameterization", action="store_true",
                    help="sample pre-activations (the sparse_vd default)")
-    p.add_argument("--flipout", action="store_true")
-    p.add_argument("--deterministic", action="store_true", help="train the plain network (baseline)")
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--lr-decay", type=float, default=1.0, help="multiply the learning rate by this every epoch")
-    p.add_argument("--eval-samples", type=int, default=100, help="predictive samples of the final evaluation")
-    p.add_argument("--periodic-eval-samples", type=int, default=10)
-    p.add_argument("--eval-every", type=int, default=1, help="evaluate every N epochs (0: only at the end)")
-    p.add_argument("--eval-batch-size", type=int, default=1000)
-    p.add_argument("--checkpoint-every", type=int, default=1, help="save a checkpoint every N epochs")
-    p.add_argument("--resume", default=None, help="a checkpoint.pt to continue from")
-    p.add_argument("--limit-train", type=int, default=None, help="use the first N training examples")
-    p.add_argument("--limit-test", type=int, default=None, help="use the first N test examples")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--out", default=None, help="output directory (default runs/<model>-<dataset>-<time>)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--no-stderr", action="store_true", help="do not log the Monte Carlo standard errors "
+    g_posterior.add_argument("--flipout", action="store_true")
+    g_posterior.add_argument("--deterministic", action="store_true", help="train the plain network (baseline)")
+    g_elbo = p.add_argument_group("ELBO")
+    g_elbo.add_argument("--kl-samples", type=int, default=1000, help="M of every layer's KL")
+    g_elbo.add_argument("--kl-method", default="auto", help="the engine's method for the KL")
+    g_elbo.add_argument("--train-samples", type=int, default=1, help="whole-network samples of the data term per step")
+    g_elbo.add_argument("--chunk-size", type=int, default=None, help="samples per chunk of the data term")
+    g_elbo.add_argument("--kl-schedule", default="constant", choices=["constant", "linear", "blundell"])
+    g_elbo.add_argument("--kl-weight", type=float, default=1.0, help="β of the constant / final β of the linear schedule")
+    g_elbo.add_argument("--warmup-epochs", type=float, default=1.0, help="length of the linear KL warm-up")
+    g_elbo.add_argument("--no-stderr", action="store_true", help="do not log the Monte Carlo standard errors "
                    "of the data term and the KL (measured on each epoch's first step; one process only)")
-    p.add_argument("--data-parallel", type=int, default=1,
+    g_optimisation = p.add_argument_group("optimisation")
+    g_optimisation.add_argument("--epochs", type=int, default=10)
+    g_optimisation.add_argument("--batch-size", type=int, default=128)
+    g_optimisation.add_argument("--lr", type=float, default=1e-3)
+    g_optimisation.add_argument("--lr-decay", type=float, default=1.0, help="multiply the learning rate by this every epoch")
+    g_optimisation.add_argument("--seed", type=int, default=0)
+    g_optimisation.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    g_optimisation.add_argument("--device", default="cpu")
+    g_evaluation = p.add_argument_group("evaluation")
+    g_evaluation.add_argument("--eval-samples", type=int, default=100, help="predictive samples of the final evaluation")
+    g_evaluation.add_argument("--periodic-eval-samples", type=int, default=10)
+    g_evaluation.add_argument("--eval-every", type=int, default=1, help="evaluate every N epochs (0: only at the end)")
+    g_evaluation.add_argument("--eval-batch-size", type=int, default=1000)
+    g_checkpoints = p.add_argument_group("checkpoints and output")
+    g_checkpoints.add_argument("--checkpoint-every", type=int, default=1, help="save a checkpoint every N epochs")
+    g_checkpoints.add_argument("--resume", default=None, help="a checkpoint.pt to continue from")
+    g_checkpoints.add_argument("--out", default=None, help="output directory (default runs/<model>-<dataset>-<time>)")
+    g_checkpoints.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g_many = p.add_argument_group("many processes (torchrun)")
+    g_many.add_argument("--data-parallel", type=int, default=1,
                    help="under torchrun: split each batch over this many groups of ranks (the rest of the "
                         "ranks split the Monte Carlo samples); must divide the number of ranks")
+
     from .optim_train import add_arguments
 
     add_arguments(p)  # --optimizer vogn|adaptive-vb|adam and its options (absent: the ELBO training below)

@@ -116,11 +116,12 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_samples: in
 
 
 class Progress:
-    """A tqdm bar when tqdm is installed (else a line per epoch)."""
+    """A tqdm bar on a terminal when tqdm is installed; nothing otherwise (logs get one line per epoch,
+    never a bar's carriage-return redraws)."""
 
     def __init__(self, total: int, desc: str, enabled: bool):
         self.bar = None
-        if enabled:
+        if enabled and sys.stderr.isatty():
             try:
                 from tqdm.auto import tqdm
 

@@ -309,7 +309,7 @@ def log_prob_expectation(q, p, num_samples: int, seed: int, *, sum_rightmost: in
         return None
     fused = _kernels("fused_elementwise")
     base, _ = fused.unwrap_independent(p)
-    if _kernels("integrands").LOG_PROBS.lookup(type(base)) is None:
+    if _kernels("integrands").integrand_entry(type(base)) is None:
         return None
     if not _kernels("reference").broadcasts_to(p.batch_shape + p.event_shape, form.shape):
         return None

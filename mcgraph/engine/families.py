@@ -22,7 +22,6 @@ Adding a family is one rule plus one registration::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch.distributions import (
@@ -48,6 +47,7 @@ from torch.distributions import (
 )
 
 from . import noise as nz
+from .registry import Registry
 from ..distributions import Logistic, Radial, Rayleigh
 
 
@@ -165,44 +165,28 @@ class GenericForm:
 # --------------------------------------------------------------------------- registry
 
 
-class FamilyRegistry:
-    """Maps a distribution class to a rule ``dist -> SamplingForm | GenericForm``.
+def _check_distribution_type(t) -> None:
+    if not (isinstance(t, type) and issubclass(t, Distribution)):
+        raise TypeError(f"register_family expects Distribution subclasses, got {t!r}")
 
-    Usable as a decorator (``@register_family(Normal)``) or a call
-    (``register_family(Normal)(rule)``). Lookup picks the most specific class
-    in the distribution's MRO, like ``torch.distributions.kl.register_kl``.
-    """
 
-    def __init__(self):
-        self._rules: dict[type, Callable[[Distribution], SamplingForm | GenericForm]] = {}
+#: Distribution class -> rule ``dist -> SamplingForm | GenericForm``; the most specific class in a
+#: distribution's MRO wins, like ``torch.distributions.kl.register_kl``.
+FAMILIES: Registry = Registry("sampling family", by_type=True, check=_check_distribution_type)
 
-    def register(self, *types: type):
+
+def register_family(*types: type):
+    """Register ``rule(dist) -> SamplingForm | GenericForm`` for ``types``: a decorator
+    (``@register_family(Normal)``) or a call (``register_family(Normal)(rule)``)."""
+    for t in types:
+        _check_distribution_type(t)
+
+    def decorator(rule):
         for t in types:
-            if not (isinstance(t, type) and issubclass(t, Distribution)):
-                raise TypeError(f"register_family expects Distribution subclasses, got {t!r}")
+            FAMILIES.register(t, rule)
+        return rule
 
-        def decorator(rule):
-            for t in types:
-                self._rules[t] = rule
-            return rule
-
-        return decorator
-
-    def __contains__(self, dist_type: type) -> bool:
-        return any(t in self._rules for t in dist_type.__mro__)
-
-    def registered(self) -> tuple[type, ...]:
-        return tuple(self._rules)
-
-    def lookup(self, dist_type: type):
-        for t in dist_type.__mro__:
-            if t in self._rules:
-                return self._rules[t]
-        return None
-
-
-FAMILIES = FamilyRegistry()
-register_family = FAMILIES.register
+    return decorator
 
 
 def family_of(dist) -> SamplingForm | GenericForm:
@@ -214,7 +198,7 @@ def family_of(dist) -> SamplingForm | GenericForm:
     """
     if not isinstance(dist, Distribution):
         raise TypeError(f"dist must be a torch.distributions.Distribution, got {type(dist).__name__}")
-    rule = FAMILIES.lookup(type(dist))
+    rule = FAMILIES.lookup(type(dist), None)
     form = rule(dist) if rule is not None else None
     if form is None:
         if not dist.has_rsample:

@@ -30,6 +30,8 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
+from .registry import Registry
+
 Monomial = tuple[int, int]  # (a, b): w**a * log(w)**b
 Coef = Any  # python number or Tensor
 
@@ -338,7 +340,7 @@ METADATA: set[str] = {
     "is_sparse", "is_quantized", "is_meta", "is_nested", "untyped_storage", "_version", "output_nr",
 }
 
-_RULES: dict[str, Callable] = {}
+_RULES: Registry = Registry("integrand rule")
 _GENERATION = [0]  # bumped by every registration: traces made before it may differ (the plan cache's key)
 
 
@@ -361,13 +363,11 @@ def register_integrand(name: str, rule: Callable | None = None):
 
         def decorator(r):
             _GENERATION[0] += 1
-            _RULES[name] = r
-            return r
+            return _RULES.register(name, r)
 
         return decorator
     ELEMENTWISE_OPS.add(name)
-    _RULES[name] = rule
-    return rule
+    return _RULES.register(name, rule)
 
 
 def _is_in_place(raw: str) -> bool:

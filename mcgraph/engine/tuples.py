@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from . import backend
+from .methods import ENGINE_METHODS, parse_method
 from .families import GenericForm, SamplingForm, is_exp
 from .moments import NoExactMoment, exact_statistic
 from .trace import Elementwise, Node, PolyNode, SumNode, TraceResult, captured_tensors, format_monomial, format_poly
@@ -44,7 +45,7 @@ class Tier(str, enum.Enum):
         return self.value
 
 
-METHODS = ("auto", "collapsed", "collapsed-exact", "fused", "chunked", "direct", "analytic", "auto-analytic")
+METHODS = tuple(m.value for m in ENGINE_METHODS)
 #: Methods that take polynomial terms exactly (``"analytic"``: all terms or an error;
 #: ``"auto-analytic"``: where the noise law's moments allow, the sampling tiers elsewhere).
 ANALYTIC_METHODS = ("analytic", "auto-analytic")
@@ -303,8 +304,7 @@ def classify(form, trace: TraceResult, method: str = "auto", taylor_order: int |
     Raises:
         ValueError: ``method`` is unknown, or a forced tier does not apply to a term.
     """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    method = parse_method(method)
     if taylor_order is not None and (isinstance(taylor_order, bool) or not isinstance(taylor_order, int)
                                      or taylor_order < 1):
         raise ValueError(f"taylor_order must be a positive int or None, got {taylor_order!r}")

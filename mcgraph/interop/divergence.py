@@ -36,20 +36,18 @@ from ..engine import checks
 from ..engine.api import kl_divergence
 from ..engine.distributed import sharded
 from ..engine.noise import mix_seed, resolve_seed
-from ..engine.tuples import METHODS
+from ..engine.methods import KL_METHODS as _KL_METHODS, parse_method
 from .sites import VariationalSite, foreign_layers
 
 __all__ = ["site_kl", "sites_kl", "kl", "KL_METHODS"]
 
 #: ``method`` values: ``"auto"`` (closed form where torch has a rule, else the engine's ``"auto"``),
 #: ``"closed-form"`` (torch's rule, required), or an engine method forced on every site.
-KL_METHODS = ("auto", "closed-form") + tuple(m for m in METHODS if m != "auto")
+KL_METHODS = tuple(m.value for m in _KL_METHODS)
 
 
-def _check_method(method: str) -> str:
-    if method not in KL_METHODS:
-        raise ValueError(f"method must be one of {KL_METHODS}, got {method!r}")
-    return method
+def _check_method(method) -> str:
+    return parse_method(method, _KL_METHODS)
 
 
 def site_kl(q: Distribution, p: Distribution, num_samples: int, *, seed: int | None = None,

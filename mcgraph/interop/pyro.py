@@ -43,7 +43,7 @@ from torch.distributions.transforms import ComposeTransform, IndependentTransfor
 from ..engine import checks
 from ..engine.api import kl_divergence
 from ..engine.noise import mix_seed, resolve_seed
-from ..engine.tuples import METHODS
+from ..engine.methods import parse_method
 from . import divergence
 from .sites import require
 
@@ -224,8 +224,7 @@ def register_mc_kl(q_type: type, p_type: type, num_samples: int, *, method: str 
         if not (isinstance(t, type) and issubclass(t, Distribution)):
             raise TypeError(f"{arg} must be a torch.distributions.Distribution subclass, got {t!r}")
     num_samples = checks.positive_int("num_samples", num_samples)
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    method = parse_method(method)
     if _has_rule(q_type, p_type):
         raise ValueError(f"torch already has a KL rule for {q_type.__name__} ‖ {p_type.__name__}; register_mc_kl "
                          f"only adds rules for pairs without one")

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 from torch.distributions import Distribution, Normal
 
+from ..engine.registry import Registry
 from ..nn.layers import BayesLayer
 from ..nn.scales import ScaleTransform
 
@@ -144,7 +145,7 @@ class LibraryAdapter:
                 f"model as it is with mcgraph.interop.elbo_backward and mcgraph.interop.kl")
 
 
-ADAPTERS: dict[str, LibraryAdapter] = {}
+ADAPTERS: Registry = Registry("library adapter")
 """The registered adapters: ``library name -> LibraryAdapter``."""
 
 
@@ -153,7 +154,7 @@ def register_adapter(adapter):
     instance = adapter() if isinstance(adapter, type) else adapter
     if not isinstance(instance, LibraryAdapter):
         raise TypeError(f"adapter must be a LibraryAdapter, got {type(instance).__name__}")
-    ADAPTERS[instance.name] = instance
+    ADAPTERS.register(instance.name, instance)
     return adapter
 
 

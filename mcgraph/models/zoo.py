@@ -17,12 +17,14 @@ from typing import Callable, TypeVar
 
 from torch import nn
 
+from ..engine.registry import Registry
+
 __all__ = ["MODELS", "register_model", "get_model"]
 
 Builder = Callable[..., nn.Module]
 _B = TypeVar("_B", bound=Builder)
 
-MODELS: dict[str, Builder] = {}
+MODELS: Registry = Registry("model", unique=True)
 """Every registered builder, keyed by its public name."""
 
 
@@ -49,11 +51,7 @@ def register_model(name: str | None = None) -> Callable[[_B], _B]:
     """
 
     def decorator(builder: _B) -> _B:
-        key = builder.__name__ if name is None else name
-        if key in MODELS:
-            raise ValueError(f"name {key!r} is already registered to {MODELS[key]!r}")
-        MODELS[key] = builder
-        return builder
+        return MODELS.register(builder.__name__ if name is None else name, builder)
 
     return decorator
 

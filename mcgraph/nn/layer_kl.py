@@ -36,6 +36,7 @@ from typing import Callable
 import torch
 from torch.distributions import Distribution
 
+from ..engine.registry import Registry
 from ..engine.api import kl_divergence
 from ..engine.noise import mix_seed, resolve_seed
 from .masks import unmasked_posterior, weight_mask
@@ -57,8 +58,8 @@ class LayerKLRule:
     sparsifying: bool = False
 
 
-LAYER_KL: dict[tuple[type, type], LayerKLRule] = {}
-"""``(posterior class, prior class) -> LayerKLRule``."""
+LAYER_KL: Registry = Registry("layer KL rule", by_type=True)
+"""``(posterior class, prior class) -> LayerKLRule``; the most specific pair by MRO wins."""
 
 
 def register_layer_kl(q_type: type, p_type: type, *, sparsifying: bool = False):
@@ -72,7 +73,7 @@ def register_layer_kl(q_type: type, p_type: type, *, sparsifying: bool = False):
             raise TypeError(f"{name} must be a torch.distributions.Distribution subclass, got {t!r}")
 
     def decorator(fn):
-        LAYER_KL[(q_type, p_type)] = LayerKLRule(fn, bool(sparsifying))
+        LAYER_KL.register((q_type, p_type), LayerKLRule(fn, bool(sparsifying)))
         return fn
 
     return decorator
@@ -80,13 +81,7 @@ def register_layer_kl(q_type: type, p_type: type, *, sparsifying: bool = False):
 
 def find_layer_kl(q_type: type, p_type: type) -> LayerKLRule | None:
     """The most specific registered rule for ``(q_type, p_type)``, or ``None`` (the engine's KL applies)."""
-    best, best_rank = None, None
-    for (qt, pt), rule in LAYER_KL.items():
-        if issubclass(q_type, qt) and issubclass(p_type, pt):
-            rank = (q_type.__mro__.index(qt), p_type.__mro__.index(pt))
-            if best_rank is None or rank < best_rank:
-                best, best_rank = rule, rank
-    return best
+    return LAYER_KL.lookup((q_type, p_type), None)
 
 
 def divergence(q: Distribution, p: Distribution, num_samples: int, *, seed: int | None = None,

@@ -36,6 +36,7 @@ from typing import Callable
 import torch
 from torch.distributions import Distribution, Laplace, LogNormal, Normal, StudentT
 
+from ..engine.registry import Registry
 from ..distributions import Horseshoe, Logistic, LogUniform, Radial, ScaleMixtureNormal
 
 __all__ = ["POSTERIORS", "PRIORS", "register_posterior", "register_prior", "resolve_posterior",
@@ -44,31 +45,21 @@ __all__ = ["POSTERIORS", "PRIORS", "register_posterior", "register_prior", "reso
 PosteriorFactory = Callable[[torch.Tensor, torch.Tensor], Distribution]
 PriorFactory = Callable[..., Distribution]
 
-POSTERIORS: dict[str, PosteriorFactory] = {}
+POSTERIORS: Registry = Registry("posterior")
 """Named posterior families: ``name -> (loc, scale) -> Distribution``."""
 
-PRIORS: dict[str, PriorFactory] = {}
+PRIORS: Registry = Registry("prior")
 """Named priors: ``name -> (like, **params) -> Distribution`` with scalar parameters."""
 
 
 def register_posterior(name: str):
     """Register ``factory(loc, scale) -> Distribution`` under ``name`` (decorator or call)."""
-
-    def decorator(factory):
-        POSTERIORS[name] = factory
-        return factory
-
-    return decorator
+    return POSTERIORS.register(name)
 
 
 def register_prior(name: str):
     """Register ``factory(like, **params) -> Distribution`` under ``name`` (decorator or call)."""
-
-    def decorator(factory):
-        PRIORS[name] = factory
-        return factory
-
-    return decorator
+    return PRIORS.register(name)
 
 
 register_posterior("normal")(Normal)

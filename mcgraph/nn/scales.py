@@ -34,6 +34,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..engine.registry import Registry
+
 __all__ = ["ScaleTransform", "SCALE_TRANSFORMS", "register_scale_transform", "scale_transform", "softplus_beta"]
 
 
@@ -67,7 +69,7 @@ class ScaleTransform:
         return self.name
 
 
-SCALE_TRANSFORMS: dict[str, ScaleTransform] = {}
+SCALE_TRANSFORMS: Registry = Registry("scale transform")
 """Named scale transforms: ``name -> ScaleTransform``."""
 
 
@@ -75,8 +77,7 @@ def register_scale_transform(transform: ScaleTransform) -> ScaleTransform:
     """Register ``transform`` under ``transform.name`` (returns it)."""
     if not isinstance(transform, ScaleTransform):
         raise TypeError(f"transform must be a ScaleTransform, got {type(transform).__name__}")
-    SCALE_TRANSFORMS[transform.name] = transform
-    return transform
+    return SCALE_TRANSFORMS.register(transform.name, transform)
 
 
 def _inverse_softplus(sigma: torch.Tensor, beta: float = 1.0) -> torch.Tensor:

@@ -36,6 +36,7 @@ from mcgraph.distributions import Radial, ScaleMixtureNormal
 from mcgraph.engine.estimators import direct_loop_value
 from mcgraph.engine.estimators.sampling import samples, stream_for
 from mcgraph.engine.noise import rows_per_block
+from mcgraph.engine.registry import Registry
 
 #: Baselines, in the order tables list them.
 BASELINES = ("direct", "vectorised", "grad-accum")
@@ -149,15 +150,12 @@ class KLPair:
     scale_init: float = 0.05
 
 
-KL_PAIRS: dict[str, KLPair] = {}
+KL_PAIRS: Registry = Registry("KL pair", unique=True)
 
 
 def register_kl_pair(pair: KLPair) -> KLPair:
     """Add a pair to :data:`KL_PAIRS` (one call per pair; the CLI lists them all)."""
-    if pair.name in KL_PAIRS:
-        raise ValueError(f"KL pair {pair.name!r} is already registered")
-    KL_PAIRS[pair.name] = pair
-    return pair
+    return KL_PAIRS.register(pair.name, pair)
 
 
 def _t(v, device, dtype):

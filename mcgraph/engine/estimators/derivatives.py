@@ -37,10 +37,11 @@ from typing import Callable
 
 import torch
 
+from ..registry import Registry
 from ..trace import Call, Node, PolyNode, SumNode, Var, _normalise_name, monomial
 
 #: name -> rule(args, kwargs, out, tangents) -> tangent (None: zero).
-DERIVATIVES: dict[str, Callable] = {}
+DERIVATIVES: Registry = Registry("forward derivative rule")
 
 
 class NoRule(Exception):
@@ -54,14 +55,7 @@ def register_derivative(name: str, rule: Callable | None = None):
     given one tangent per positional argument (``None``: zero; ``1.0``: identity). It may raise
     :class:`NoRule` for argument combinations it does not cover.
     """
-    if rule is None:
-        def decorator(r):
-            DERIVATIVES[name] = r
-            return r
-
-        return decorator
-    DERIVATIVES[name] = rule
-    return rule
+    return DERIVATIVES.register(name) if rule is None else DERIVATIVES.register(name, rule)
 
 
 # --------------------------------------------------------------------------- tangent arithmetic

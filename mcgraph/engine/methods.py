@@ -1,0 +1,67 @@
+"""The vocabulary of ``method=``, one for the engine, ``mg.nn`` and ``mcgraph.interop``.
+
+``method`` takes a :class:`Method` or its string value, everywhere:
+
+========================  ===============================================================
+``auto``                  the cheapest exact tier per term (collapsed, fused, chunked)
+``collapsed``             forced: noise statistics, then one small graph
+``collapsed-exact``       forced: statistics drawn from their exact laws (same law, other numbers)
+``fused``                 forced: sampling, evaluation and reduction in one pass
+``chunked``               forced: chunks replayed on backward
+``direct``                the naive graph over every sample (the reference for comparisons)
+``analytic``              exact expectations from the noise law's moments (no sampling)
+``auto-analytic``         ``analytic`` where the moments allow, ``auto`` elsewhere
+``closed-form``           torch's registered ``kl_divergence`` rule (KL only; ``mcgraph.interop``)
+========================  ===============================================================
+
+Example:
+    >>> import mcgraph as mg
+    >>> mg.Method("collapsed-exact") is mg.Method.COLLAPSED_EXACT
+    True
+    >>> parse_method("colapsed")
+    Traceback (most recent call last):
+    ...
+    ValueError: method must be one of 'auto', 'collapsed', 'collapsed-exact', 'fused', 'chunked', 'direct', 'analytic', 'auto-analytic'; got 'colapsed'
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Iterable
+
+__all__ = ["Method", "ENGINE_METHODS", "KL_METHODS", "parse_method"]
+
+
+class Method(str, enum.Enum):
+    """A value of ``method=`` (compares equal to its string)."""
+
+    AUTO = "auto"
+    COLLAPSED = "collapsed"
+    COLLAPSED_EXACT = "collapsed-exact"
+    FUSED = "fused"
+    CHUNKED = "chunked"
+    DIRECT = "direct"
+    ANALYTIC = "analytic"
+    AUTO_ANALYTIC = "auto-analytic"
+    CLOSED_FORM = "closed-form"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: What ``mg.expectation`` and ``mg.kl_divergence`` take.
+ENGINE_METHODS = tuple(m for m in Method if m is not Method.CLOSED_FORM)
+#: What the KL functions of ``mcgraph.interop`` take: ``auto`` prefers torch's closed form there.
+KL_METHODS = (Method.AUTO, Method.CLOSED_FORM) + tuple(m for m in ENGINE_METHODS if m is not Method.AUTO)
+
+
+def parse_method(value, allowed: Iterable[Method] = ENGINE_METHODS, name: str = "method") -> str:
+    """The string value of ``value`` (a :class:`Method` or a string) if it is among ``allowed``."""
+    allowed = tuple(allowed)
+    if isinstance(value, Method):
+        value = value.value
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str or mcgraph.Method, got {type(value).__name__}")
+    if value not in {m.value for m in allowed}:
+        raise ValueError(f"{name} must be one of {', '.join(repr(m.value) for m in allowed)}; got {value!r}")
+    return value
