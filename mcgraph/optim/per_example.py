@@ -53,6 +53,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..engine.registry import Registry
+
 __all__ = ["SquaredGradients", "PerExampleRule", "register_rule", "rule_for", "RULES", "CHUNK_ELEMENTS",
            "unsupported_modules", "per_example_loop"]
 
@@ -80,7 +82,7 @@ class PerExampleRule:
         return {k: v.square().sum(0) for k, v in self.per_example(module, a, b).items()}
 
 
-RULES: dict[type, PerExampleRule] = {}
+RULES: Registry = Registry("per-example gradient rule", by_type=True)
 """Layer type → its rule (see :func:`register_rule`)."""
 
 
@@ -89,7 +91,7 @@ def register_rule(*module_types: type) -> Callable[[type], type]:
 
     def decorator(cls: type) -> type:
         for t in module_types:
-            RULES[t] = cls()
+            RULES.register(t, cls())
         return cls
 
     return decorator
@@ -97,10 +99,7 @@ def register_rule(*module_types: type) -> Callable[[type], type]:
 
 def rule_for(module: nn.Module) -> PerExampleRule | None:
     """The rule of the most specific registered class of ``module`` (``None`` when unsupported)."""
-    for t in type(module).__mro__:
-        if t in RULES:
-            return RULES[t]
-    return None
+    return RULES.lookup(type(module), None)
 
 
 def _trainable(module: nn.Module) -> dict[str, nn.Parameter]:

@@ -64,11 +64,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
 
+from ..engine.registry import Registry
 from ._checks import choice, non_negative_real, positive_real, real_in
 
 __all__ = ["SpikeSlabEM", "GroupSpec", "register_groups", "GROUP_RULES", "ESTEPS"]
@@ -89,7 +89,7 @@ class GroupSpec:
     prune_dims: tuple[tuple[int, ...], ...]
 
 
-GROUP_RULES: dict[type, Callable[..., GroupSpec]] = {}
+GROUP_RULES: Registry = Registry("spike-and-slab group rule", by_type=True)
 """Layer type → ``rule(module, options) -> GroupSpec`` for its weight."""
 
 
@@ -98,17 +98,14 @@ def register_groups(*module_types: type):
 
     def decorator(rule):
         for t in module_types:
-            GROUP_RULES[t] = rule
+            GROUP_RULES.register(t, rule)
         return rule
 
     return decorator
 
 
 def _rule_for(module: nn.Module):
-    for t in type(module).__mro__:
-        if t in GROUP_RULES:
-            return GROUP_RULES[t]
-    return None
+    return GROUP_RULES.lookup(type(module), None)
 
 
 @register_groups(nn.Linear)
