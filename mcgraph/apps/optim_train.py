@@ -20,15 +20,18 @@ is added to the gradient). The summary then also reports sparsity and the parame
 multiply–accumulates of the network before and after :func:`~mcgraph.optim.shrink`.
 
 Output is that of ``mcgraph train``: progress, ``metrics.jsonl``, ``checkpoint.pt``
-(model, optimizer, spike-and-slab masks, snapshots; ``--resume`` continues), and
-``summary.json`` / ``summary.md``.
+(model, optimizer with its counters, scheduler, spike-and-slab masks, snapshots, generator
+states; ``--resume`` continues bit for bit), and ``summary.json`` / ``summary.md``, all
+written atomically; checkpoints are loaded with ``weights_only=True`` (see :mod:`.train`).
+A non-finite loss or gradient stops the run naming the step (``--on-nonfinite stop``, the
+default) or, with ``skip``, is left to the optimizer's own skip (VOGN, IVON, adaptive VB
+and SGHMC leave parameters and state unchanged and count ``skipped_steps``; Adam skips here).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import json
 import math
 import time
 from pathlib import Path
@@ -219,18 +222,24 @@ def _evaluate(predictor: nn.Module, exact: int | None, x, y, num_samples: int, b
     return out
 
 
-def _checkpoint(path: Path, model, optimizer, scheduler, spike_slab, ensemble, epoch: int, step: int, args):
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": None if scheduler is None else scheduler.state_dict(),
-                "spike_slab": None if spike_slab is None else spike_slab.state_dict(),
-                "snapshots": None if ensemble is None else ensemble.snapshots,
-                "epoch": epoch, "step": step, "args": vars(args)}, path)
+def _checkpoint(path: Path, model, optimizer, scheduler, spike_slab, ensemble, epoch: int, step: int, args,
+                generator=None):
+    from .training_run import save_checkpoint
+
+    save_checkpoint(path, model, optimizer, epoch, step, args, generator=generator,
+                    scheduler=None if scheduler is None else scheduler.state_dict(),
+                    spike_slab=None if spike_slab is None else spike_slab.state_dict(),
+                    snapshots=None if ensemble is None else ensemble.snapshots)
 
 
-def _loss_step(kind: str, optimizer, closure, spike_slab):
+def _loss_step(kind: str, optimizer, closure, spike_slab, on_nonfinite: str = "stop"):
     if kind in ("vogn", "ivon", "adaptive-vb-gaussian"):
         return optimizer.step(closure)
     loss = closure()
+    if not bool(torch.isfinite(loss.detach())) and on_nonfinite == "skip" and kind == "adam":
+        print("adam: non-finite loss; the step was skipped", file=sys.stderr, flush=True)
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
     if kind == "adam" and spike_slab is not None:
         with torch.no_grad():
             for p in spike_slab.params.values():
@@ -249,7 +258,7 @@ def _loss_step(kind: str, optimizer, closure, spike_slab):
 
 def train(args) -> dict:
     """Train ``args.model`` with ``args.optimizer`` (see the module docstring); returns the summary dict."""
-    from . import training_run as base
+    from . import atomic_io, training_run as base
     from ..optim.snapshots import SnapshotEnsemble
 
     if args.threads:
@@ -271,11 +280,10 @@ def train(args) -> dict:
 
     out = Path(args.out or f"runs/{args.model}-{args.dataset}-{args.optimizer}-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
-    start_epoch, step = 0, 0
+    start_epoch, step, data_rng = 0, 0, None
     if args.resume:
-        state = torch.load(args.resume, map_location=device, weights_only=False)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        state, used = base.load_resume(args, model, optimizer, device)
+        data_rng = state.get("data_rng")
         if scheduler is not None and state.get("scheduler") is not None:
             scheduler.load_state_dict(state["scheduler"])
         if spike_slab is not None and state.get("spike_slab") is not None:
@@ -283,13 +291,13 @@ def train(args) -> dict:
         if ensemble is not None and state.get("snapshots"):
             ensemble.snapshots = list(state["snapshots"])
         start_epoch, step = int(state["epoch"]), int(state["step"])
-        base.log(f"resumed from {args.resume} at epoch {start_epoch}")
+        base.log(f"resumed from {used} at epoch {start_epoch}")
     n_params = sum(p.numel() for p in model.parameters())
     base.log(f"{args.optimizer}{'/' + args.avb_form if args.optimizer == 'adaptive-vb' else ''} on {args.model} / "
               f"{args.dataset}: {n_params:,} parameters, {n_train} training examples, {batches} batches/epoch"
               f"{' + spike-and-slab EM' if spike_slab else ''} -> {out}")
 
-    gen, history, log_path = base.resume_log(args, out, start_epoch, n_train)
+    gen, history, log_path = base.resume_log(args, out, start_epoch, n_train, data_rng=data_rng)
     t_train = sum(r.get("time_s", 0.0) for r in history)
     loss_fn = nn.CrossEntropyLoss()
     for epoch in range(start_epoch, args.epochs):
@@ -307,13 +315,23 @@ def train(args) -> dict:
             idx = perm[b * args.batch_size:(b + 1) * args.batch_size]
             xb, yb = x_train[idx].to(device), y_train[idx].to(device)
 
-            def closure():
+            def closure(step=step):
                 optimizer.zero_grad(set_to_none=True)
                 loss = loss_fn(model(xb), yb)
+                if base.fault_nonfinite(step + 1) is not None:  # test hook
+                    loss = loss + math.inf
+                if args.on_nonfinite == "stop":
+                    base.check_finite(step + 1, data_term=loss)
                 loss.backward()
+                if args.on_nonfinite == "stop":
+                    bad = base.check_finite_grads(step + 1, model)
+                    if bad:
+                        raise base.TrainingDiverged(f"step {step + 1}: the gradient of {bad[:5]} is not finite "
+                                                    f"(the data term, {float(loss.detach()):.6g}, is); nothing "
+                                                    "was written")
                 return loss
 
-            loss = _loss_step(kind, optimizer, closure, spike_slab)
+            loss = _loss_step(kind, optimizer, closure, spike_slab, args.on_nonfinite)
             if scheduler is not None:
                 if scheduler.is_snapshot_step(step):
                     ensemble.add()
@@ -342,10 +360,10 @@ def train(args) -> dict:
         else:
             base.log(f"epoch {epoch + 1}: loss {row['loss']:.4f}  ({t_epoch:.1f} s)")
         history.append(row)
-        with log_path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        base.append_metrics(log_path, history)
         if args.checkpoint_every and ((epoch + 1) % args.checkpoint_every == 0 or last):
-            _checkpoint(out / "checkpoint.pt", model, optimizer, scheduler, spike_slab, ensemble, epoch + 1, step, args)
+            _checkpoint(out / "checkpoint.pt", model, optimizer, scheduler, spike_slab, ensemble, epoch + 1, step, args,
+                        gen)
 
     t0 = time.perf_counter()
     predictor, exact = predictive_model(optimizer, model, ensemble)
@@ -375,11 +393,13 @@ def train(args) -> dict:
         small, report = shrink(model.eval(), x_test[:2].to(device))
         summary["sparsity"] = spike_slab.sparsity()
         summary["shrink"] = {k: v for k, v in report.items() if k != "selected"}
-        torch.save(small, out / "pruned_model.pt")
+        with atomic_io.atomic_write(out / "pruned_model.pt") as f:
+            torch.save(small, f)  # a whole module (read it with weights_only=False, only if you trust it)
     if not args.checkpoint_every:
-        _checkpoint(out / "checkpoint.pt", model, optimizer, scheduler, spike_slab, ensemble, args.epochs, step, args)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    (out / "summary.md").write_text(_markdown(summary))
+        _checkpoint(out / "checkpoint.pt", model, optimizer, scheduler, spike_slab, ensemble, args.epochs, step, args,
+                    gen)
+    atomic_io.write_json(out / "summary.json", summary, indent=2, default=str)
+    atomic_io.write_text(out / "summary.md", _markdown(summary))
     base.log(f"test: accuracy {test['accuracy']:.4f}  NLL {test['nll']:.4f}  ECE {test['ece']:.4f}  "
               f"Brier {test['brier']:.4f}  -> {out / 'summary.md'}")
     return summary

@@ -11,10 +11,20 @@ whole-network samples of the data term, ``--kl-samples`` samples of the KL throu
 the engine, KL / N weighted by ``--kl-schedule``). ``--deterministic`` trains the same
 network with cross-entropy, for comparison.
 
-Output, under ``--out``: ``checkpoint.pt`` (model, optimizer, epoch; ``--resume``
-continues from it), ``metrics.jsonl`` (one row per evaluation), and the final
+Output, under ``--out``: ``checkpoint.pt`` (model, optimizer, epoch, step, generator states;
+``--resume`` continues from it), ``metrics.jsonl`` (one row per evaluation), and the final
 ``summary.json`` and ``summary.md`` (accuracy, NLL, ECE, Brier on the test set from
 ``--eval-samples`` predictive samples, timings, configuration).
+
+**Crash safety.** Every file is written atomically (a temporary file, ``fsync``,
+``os.replace``): a run killed at any moment leaves the previous complete checkpoint, and
+``--keep-checkpoints K`` (default 1) keeps K older ones as ``checkpoint.pt.1`` … A resume
+reads with ``weights_only=True`` (a checkpoint carrying anything but tensors and plain data
+is refused, not run), names the file and the fault of one it cannot use, and with
+``--resume-fallback`` goes back to the kept previous checkpoints. A resumed run ends with
+the same parameters, bit for bit, as the uninterrupted run (CPU, same ``--threads``). A
+non-finite loss or gradient stops the run naming the step and the term (data term or KL)
+without writing anything (exit status 3), or is skipped with ``--on-nonfinite skip``.
 
 **Many processes.** Under ``torchrun --nproc-per-node R python -m mcgraph train ...``
 the R ranks form ``--data-parallel D`` data groups of ``S = R / D`` ranks. The ranks of
@@ -29,7 +39,6 @@ writes checkpoints, metrics and the summary; ``--resume`` works on any number of
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -44,8 +53,11 @@ from ..metrics import prediction_metrics
 from .data import DATASETS
 from ..models import MODELS
 from ..engine.noise import mix_seed
-from .training_run import (Progress, build_model, evaluate, family_options, is_bayesian, load_splits, log, mlp,
-                           resume_log, save_checkpoint)
+from ..engine.options import Sampling
+from . import atomic_io
+from .training_run import (Progress, TrainingDiverged, add_checkpoint_arguments, append_metrics, build_model,
+                           check_finite, check_finite_grads, evaluate, family_options, fault_nonfinite, is_bayesian,
+                           load_resume, load_splits, log, mlp, resume_log, save_checkpoint)
 
 __all__ = ["main", "build_parser", "build_model", "mlp", "evaluate", "prediction_metrics", "load_splits", "train"]
 
@@ -121,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     g_checkpoints.add_argument("--resume", default=None, help="a checkpoint.pt to continue from")
     g_checkpoints.add_argument("--out", default=None, help="output directory (default runs/<model>-<dataset>-<time>)")
     g_checkpoints.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_checkpoint_arguments(g_checkpoints)
     g_many = p.add_argument_group("many processes (torchrun)")
     g_many.add_argument("--data-parallel", type=int, default=1,
                    help="under torchrun: split each batch over this many groups of ranks (the rest of the "
@@ -164,20 +177,19 @@ def train(args) -> dict:
     if ranks.is_main:
         out.mkdir(parents=True, exist_ok=True)
     ranks.barrier()
-    start_epoch, step = 0, 0
+    start_epoch, step, data_rng, skipped = 0, 0, None, 0
     if args.resume:
-        state = torch.load(args.resume, map_location=device, weights_only=False)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        state, used = load_resume(args, model, optimizer, device)
         start_epoch, step = int(state["epoch"]), int(state["step"])
+        data_rng, skipped = state.get("data_rng"), int(state.get("skipped_steps", 0))
         if ranks.is_main:
-            log(f"resumed from {args.resume} at epoch {start_epoch}")
+            log(f"resumed from {used} at epoch {start_epoch}")
     n_params = sum(p.numel() for p in model.parameters())
     say = log if ranks.is_main else (lambda msg: None)
     say(f"{'BNN' if bayes else 'deterministic'} {args.model} on {args.dataset}: {n_params:,} parameters, "
         f"{n_train} training examples, {batches} batches/epoch -> {out}" + ranks.describe())
 
-    gen, history, log_path = resume_log(args, out, start_epoch, n_train, write=ranks.is_main)
+    gen, history, log_path = resume_log(args, out, start_epoch, n_train, write=ranks.is_main, data_rng=data_rng)
     t_train = sum(r.get("time_s", 0.0) for r in history)
     for epoch in range(start_epoch, args.epochs):
         for group in optimizer.param_groups:
@@ -194,21 +206,45 @@ def train(args) -> dict:
             if bayes:
                 # standard errors of the epoch's first step (one process: they are not all-reduced)
                 probe = b == 0 and not args.no_stderr and ranks.world is None
-                terms = mnn.elbo_terms(trained, xb, yb, num_samples=args.train_samples, dataset_size=n_train,
-                                       chunk_size=args.chunk_size, kl_weight=schedule(step),
-                                       kl_method=args.kl_method, seed=mix_seed(args.seed + 1, step),
-                                       process_group=ranks.samples, kl_process_group=ranks.world,
+                data_sampling = Sampling(args.train_samples, chunk_size=args.chunk_size, process_group=ranks.samples)
+                kl_sampling = Sampling(None, method=args.kl_method, process_group=ranks.world)
+                terms = mnn.elbo_terms(trained, xb, yb, num_samples=data_sampling, dataset_size=n_train,
+                                       kl_samples=kl_sampling, kl_weight=schedule(step),
+                                       seed=mix_seed(args.seed + 1, step),
                                        return_stderr=probe and args.train_samples > 1)
                 loss = -terms.elbo
                 nll_b, kl_b = -terms.log_likelihood.detach(), terms.kl.detach()
+                kl_term = loss.detach() - nll_b  # the weighted KL as it enters the loss
                 if probe:
                     stderr = _step_stderr(model, terms, args)
             else:
                 logits = trained(xb)
                 loss = nn.functional.cross_entropy(logits, yb)
                 nll_b, kl_b = loss.detach(), torch.zeros(())
+                kl_term = kl_b
                 sums["correct"] += int((logits.argmax(-1) == yb).sum())
+            poison = fault_nonfinite(step + 1)
+            if poison is not None:  # test hook: this term goes non-finite at this step
+                nll_b, kl_term = (nll_b + math.inf, kl_term) if poison == "data" else (nll_b, kl_term + math.nan)
+                loss = loss + (math.inf if poison == "data" else math.nan)
+            if not bool(torch.isfinite(loss.detach())):
+                if args.on_nonfinite == "stop":
+                    check_finite(step + 1, data_term=nll_b, KL_term=kl_term, loss=loss)
+                skipped += 1
+                say(f"step {step + 1}: non-finite loss; the step was skipped (--on-nonfinite skip)")
+                step += 1
+                continue
             loss.backward()
+            bad = check_finite_grads(step + 1, model)
+            if bad:
+                if args.on_nonfinite == "stop":
+                    raise TrainingDiverged(f"step {step + 1}: the gradient of {bad[:5]} is not finite (the loss, "
+                                           f"{float(loss.detach()):.6g}, is); nothing was written")
+                skipped += 1
+                say(f"step {step + 1}: non-finite gradient of {bad[:5]}; the step was skipped")
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+                continue
             optimizer.step()
             step += 1
             sums["loss"] += float(loss.detach())
@@ -220,7 +256,7 @@ def train(args) -> dict:
         t_train += t_epoch
         row = {"epoch": epoch + 1, "step": step, "time_s": t_epoch, "loss": sums["loss"] / batches,
                "train_nll": sums["nll"] / batches, "kl": sums["kl"] / batches,
-               "lr": optimizer.param_groups[0]["lr"]}
+               "lr": optimizer.param_groups[0]["lr"], "skipped_steps": skipped}
         if bayes and not args.no_stderr and ranks.world is None:
             row.update(stderr)
             log(f"epoch {epoch + 1} first step: " + ", ".join(f"{k} {v:.4g}" for k, v in stderr.items()))
@@ -236,10 +272,10 @@ def train(args) -> dict:
             say(f"epoch {epoch + 1}: loss {row['loss']:.4f}  kl {row['kl']:.4g}  ({t_epoch:.1f} s)")
         history.append(row)
         if ranks.is_main:
-            with log_path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+            append_metrics(log_path, history)
         if args.checkpoint_every and ((epoch + 1) % args.checkpoint_every == 0 or last) and ranks.is_main:
-            save_checkpoint(out / "checkpoint.pt", model, optimizer, epoch + 1, step, args)
+            save_checkpoint(out / "checkpoint.pt", model, optimizer, epoch + 1, step, args, generator=gen,
+                            skipped_steps=skipped)
         ranks.barrier()
 
     t0 = time.perf_counter()
@@ -256,9 +292,10 @@ def train(args) -> dict:
     summary["processes"] = ranks.size
     if ranks.is_main:
         if not args.checkpoint_every:
-            save_checkpoint(out / "checkpoint.pt", model, optimizer, args.epochs, step, args)
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        (out / "summary.md").write_text(_markdown(summary))
+            save_checkpoint(out / "checkpoint.pt", model, optimizer, args.epochs, step, args, generator=gen,
+                            skipped_steps=skipped)
+        atomic_io.write_json(out / "summary.json", summary, indent=2, default=str)
+        atomic_io.write_text(out / "summary.md", _markdown(summary))
     ranks.barrier()
     say(f"test: accuracy {test['accuracy']:.4f}  NLL {test['nll']:.4f}  ECE {test['ece']:.4f}  "
          f"Brier {test['brier']:.4f}  -> {out / 'summary.md'}")
@@ -323,11 +360,19 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.data_parallel < 1:
         parser.error(f"--data-parallel must be >= 1, got {args.data_parallel}")
+    if args.keep_checkpoints < 0:
+        parser.error(f"--keep-checkpoints must be >= 0, got {args.keep_checkpoints}")
     try:
         train(args)
     except ImportError as e:  # an optional dataset package is missing
         print(f"mcgraph train: {e}", file=sys.stderr)
         return 1
+    except (atomic_io.CheckpointError, atomic_io.AtomicWriteError) as e:
+        print(f"mcgraph train: {e}", file=sys.stderr)
+        return 2
+    except TrainingDiverged as e:
+        print(f"mcgraph train: diverged: {e}", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -1,11 +1,20 @@
 """What both training paths of ``mcgraph train`` share (the ELBO path in :mod:`.train`, the optimizers'
-path in :mod:`.optim_train`): data splits, the network, prediction metrics, progress, logs and checkpoints."""
+path in :mod:`.optim_train`): data splits, the network, prediction metrics, progress, logs and checkpoints.
+
+Checkpoints and ``metrics.jsonl`` are written atomically (:mod:`.atomic_io`) and read with
+``weights_only=True``. A checkpoint holds everything a resume needs to continue *bitwise* as
+the uninterrupted run would (CPU, same thread count): the model, the optimizer (with its
+counters), the epoch and step, torch's global generator state and the shuffling generator's
+state. A non-finite loss or gradient stops the run (:class:`TrainingDiverged`, naming the
+step and the term) before anything is written, or with ``--on-nonfinite skip`` skips the step.
+"""
 
 from __future__ import annotations
 
 import functools
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -14,11 +23,13 @@ from torch import nn
 
 from .. import metrics
 from ..metrics import prediction_metrics
+from . import atomic_io
 from .data import load_dataset
 from ..models import get_model
 
 __all__ = ["mlp", "build_model", "predict_probs", "evaluate", "is_bayesian", "family_options", "Progress", "log", "save_checkpoint",
-           "load_splits", "resume_log"]
+           "load_splits", "resume_log", "add_checkpoint_arguments", "load_resume", "append_metrics",
+           "TrainingDiverged", "check_finite", "check_finite_grads", "fault_nonfinite"]
 
 
 def mlp(num_classes: int, in_features: int, hidden: tuple[int, ...] = (256, 256)) -> nn.Sequential:
@@ -143,9 +154,122 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def save_checkpoint(path: Path, model, optimizer, epoch: int, step: int, args) -> None:
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch, "step": step,
-                "args": vars(args)}, path)
+class TrainingDiverged(RuntimeError):
+    """A loss or gradient went non-finite; the message names the step and the term. Nothing was written."""
+
+
+def add_checkpoint_arguments(group) -> None:
+    """``--keep-checkpoints``, ``--resume-fallback`` and ``--on-nonfinite`` (both training paths)."""
+    group.add_argument("--keep-checkpoints", type=int, default=1,
+                       help="keep this many previous checkpoints beside checkpoint.pt (checkpoint.pt.1 newest, "
+                            "...; 0: none)")
+    group.add_argument("--resume-fallback", action="store_true",
+                       help="when the --resume checkpoint cannot be loaded (torn, foreign, another model), fall "
+                            "back to its kept previous versions (checkpoint.pt.1, ...)")
+    group.add_argument("--on-nonfinite", default="stop", choices=["stop", "skip"],
+                       help="a non-finite loss or gradient: stop the run naming the step and the term (data term "
+                            "or KL), never writing a checkpoint; or skip that step (no parameter update)")
+
+
+def _plain(value):
+    """``value`` as JSON-able plain data (a checkpoint's ``args`` must load under ``weights_only=True``)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def save_checkpoint(path: Path, model, optimizer, epoch: int, step: int, args, *, generator=None,
+                    keep: int | None = None, **extra) -> None:
+    """Atomically write ``path``: model, optimizer, epoch, step, ``args`` (as plain data), torch's global
+    generator state, the shuffling ``generator``'s state and ``extra`` entries (tensors and plain data).
+
+    Raises:
+        TrainingDiverged: a parameter is not finite (the previous checkpoint is kept).
+        atomic_io.AtomicWriteError: the write failed (disk full, permission denied); ``path`` is unchanged.
+    """
+    bad = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    if bad:
+        raise TrainingDiverged(f"step {step}: parameters {bad[:5]} are not finite; the checkpoint {path} was not "
+                               "overwritten")
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": int(epoch),
+             "step": int(step), "args": _plain(vars(args)), "torch_rng": torch.get_rng_state(),
+             "data_rng": None if generator is None else generator.get_state(), **extra}
+    if keep is None:
+        keep = int(getattr(args, "keep_checkpoints", 1) or 0)
+    atomic_io.save_checkpoint(path, state, keep=keep)
+
+
+#: ``args`` entries whose difference makes a checkpoint belong to another run.
+_IDENTITY = ("model", "hidden", "dataset", "deterministic", "posterior", "optimizer", "avb_form", "image_size")
+
+
+def load_resume(args, model, optimizer, device) -> tuple[dict, Path]:
+    """Load ``args.resume`` (``weights_only=True``; with ``--resume-fallback`` its previous versions) into
+    ``model`` and ``optimizer`` and restore torch's global generator; returns ``(state, file used)``.
+
+    Raises:
+        atomic_io.CheckpointError: naming the file and what is wrong (missing, torn, foreign, another model).
+    """
+    expected = model.state_dict()
+
+    def validate(state, path):
+        saved = state.get("args") or {}
+        diff = [f"{k}={saved[k]!r} (this run: {getattr(args, k)!r})" for k in _IDENTITY
+                if k in saved and hasattr(args, k) and _plain(getattr(args, k)) != saved[k]]
+        if diff:
+            raise atomic_io.CheckpointError(path, "belongs to another run: " + ", ".join(diff))
+        got = state["model"]
+        if not isinstance(got, dict):
+            raise atomic_io.CheckpointError(path, "its 'model' entry is not a state_dict")
+        missing = sorted(set(expected) - set(got))
+        unexpected = sorted(set(got) - set(expected))
+        shapes = [f"{k}: {tuple(got[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items()
+                  if k in got and isinstance(v, torch.Tensor) and isinstance(got[k], torch.Tensor)
+                  and got[k].shape != v.shape]
+        if missing or unexpected or shapes:
+            raise atomic_io.CheckpointError(path, "is a checkpoint of another model: " + "; ".join(
+                part for part in (f"missing {missing[:5]}" if missing else "",
+                                  f"unexpected {unexpected[:5]}" if unexpected else "",
+                                  f"shapes differ {shapes[:5]}" if shapes else "") if part))
+
+    state, used = atomic_io.load_checkpoint(args.resume, map_location=device,
+                                            fallback=bool(getattr(args, "resume_fallback", False)),
+                                            validate=validate, warn=log)
+    model.load_state_dict(state["model"])
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise atomic_io.CheckpointError(used, f"its optimizer state does not fit this run's optimizer ({e})") from None
+    if state.get("torch_rng") is not None:
+        torch.set_rng_state(state["torch_rng"].cpu())
+    return state, used
+
+
+def check_finite(step: int, **terms) -> None:
+    """Raise :class:`TrainingDiverged` naming ``step`` and the first term (``data_term=``, ``kl=``, …) whose
+    value is not finite. One host sync for all terms."""
+    values = [torch.as_tensor(v).detach() for v in terms.values()]
+    if bool(torch.stack([torch.isfinite(v).all() for v in values]).all()):
+        return
+    for (name, _), v in zip(terms.items(), values):
+        if not bool(torch.isfinite(v).all()):
+            raise TrainingDiverged(f"step {step}: the {name.replace('_', ' ')} is not finite "
+                                   f"({float(v.double().sum())}); nothing was written")
+
+
+def check_finite_grads(step: int, model) -> list[str]:
+    """Names of ``model``'s parameters whose gradient is not finite (empty: all finite; one host sync)."""
+    named = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
+    if not named or bool(torch.stack([torch.isfinite(g).all() for _, g in named]).all()):
+        return []
+    return [n for n, g in named if not bool(torch.isfinite(g).all())]
+
+
+def fault_nonfinite(step: int) -> str | None:
+    """Test hook: ``MCGRAPH_FAULT_NONFINITE=<step>:<data|kl>`` makes that term non-finite at that step."""
+    spec = os.environ.get("MCGRAPH_FAULT_NONFINITE")
+    if not spec:
+        return None
+    at, _, term = spec.partition(":")
+    return term or "data" if int(at) == step else None
 
 
 def load_splits(args):
@@ -167,20 +291,34 @@ def load_splits(args):
     return ds, (x_train, y_train), (x_test, y_test), (x_eval, y_eval)
 
 
-def resume_log(args, out: Path, start_epoch: int, n_train: int, write: bool = True):
+def resume_log(args, out: Path, start_epoch: int, n_train: int, write: bool = True, data_rng=None):
     """``(shuffling generator, history rows, metrics.jsonl path)`` for a run starting at ``start_epoch``.
 
-    The generator has drawn the shuffles of the epochs already done; after a resume the log
-    keeps only their rows.
+    The generator has drawn the shuffles of the epochs already done (``data_rng``, a checkpoint's saved
+    state, or a replay of those shuffles); after a resume the log keeps only their rows (rewritten
+    atomically).
     """
     gen = torch.Generator().manual_seed(args.seed)
-    for _ in range(start_epoch):  # the same shuffles after a resume
-        torch.randperm(n_train, generator=gen)
+    if data_rng is not None:
+        gen.set_state(data_rng)
+    else:
+        for _ in range(start_epoch):  # the same shuffles after a resume
+            torch.randperm(n_train, generator=gen)
     history = []
     log_path = out / "metrics.jsonl"
     if args.resume and log_path.is_file():  # keep the epochs already done
-        rows = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+        rows = []
+        for line in log_path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:  # a torn line of a log written by an older version
+                continue
         history = [r for r in rows if r.get("epoch", 0) <= start_epoch]
         if write:
-            log_path.write_text("".join(json.dumps(r) + "\n" for r in history))
+            append_metrics(log_path, history)
     return gen, history, log_path
+
+
+def append_metrics(log_path: Path, history: list[dict]) -> None:
+    """Atomically write ``metrics.jsonl``: one JSON row per entry of ``history``."""
+    atomic_io.write_text(log_path, "".join(json.dumps(r) + "\n" for r in history))
