@@ -34,6 +34,7 @@ import torch
 
 import mcgraph as mg
 from mcgraph.engine import cpu_philox
+from mcgraph.apps import atomic_io
 from mcgraph.apps.bench.records import git_commit
 from mcgraph.apps.bench.workloads import randn_floor
 from mcgraph.engine.noise import BlockStream, noise_statistics, rows_per_block
@@ -116,8 +117,7 @@ def main(argv=None) -> None:
                       f"cpu-philox {row['seconds_kl-philox'] * 1e3:.1f} ms → "
                       f"{row['kl_torch_over_philox']:.2f}×", flush=True)
             if args.out:
-                with open(args.out, "a", encoding="utf-8") as f:
-                    f.write(json.dumps(row) + "\n")
+                atomic_io.append_line(args.out, json.dumps(row))
 
 
 if __name__ == "__main__":

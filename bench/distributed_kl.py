@@ -38,6 +38,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from mcgraph.apps import atomic_io
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's mcgraph, in the children too
 
 
@@ -93,8 +95,7 @@ def worker(rank: int, world: int, store: str, args: dict, outdir: str) -> None:
            "comm_s": statistics.median(comms), "comm_bytes": nbytes, "allreduce_s": allreduce,
            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "kl_last": value,
            "torch": torch.__version__, "device": "cpu", "cpus": os.cpu_count()}
-    with open(os.path.join(outdir, f"row{world}_{rank}.json"), "w") as f:
-        json.dump(row, f)
+    atomic_io.write_json(os.path.join(outdir, f"row{world}_{rank}.json"), row)
     if group is not None:
         dist.destroy_process_group()
 
@@ -137,7 +138,7 @@ def main(argv=None) -> int:
         print(f"R = {world} done", file=sys.stderr, flush=True)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "distributed_kl.json").write_text(json.dumps(rows, indent=1))
+    atomic_io.write_json(out / "distributed_kl.json", rows, indent=1)
     base = next((r for r in rows if r["processes"] == 1), None)
     print(f"| R | rank | time (s) | speed-up | CPU (s) | comm in call (s) | isolated all-reduce (s) | "
           f"MB reduced | peak RSS (MB) | KL |")

@@ -15,7 +15,6 @@ average is printed beside every round (the machine may be shared). Rows go to
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from mcgraph.apps import atomic_io
 from mcgraph.apps.bench.workloads import KLCase, randn_floor
 from mcgraph.engine.estimators import fused_body
 from mcgraph.engine.estimators.sampling import default_chunk, stream_for
@@ -127,7 +127,7 @@ def main(argv=None) -> None:
                              "load_max": max(loads), "torch": torch.__version__})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "fused_body.json").write_text(json.dumps(rows, indent=1))
+    atomic_io.write_json(out / "fused_body.json", rows, indent=1)
     print(f"\nrows: {out / 'fused_body.json'}")
 
 

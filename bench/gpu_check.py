@@ -308,6 +308,7 @@ def main(argv=None) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(ROOT))
     from mcgraph.apps.bench.records import git_commit
+    from mcgraph.apps import atomic_io
 
     result = {"date": args.date, "smoke": args.smoke, "torch": torch.__version__, "triton": triton_version,
               "device": "cpu" if args.smoke else torch.cuda.get_device_name(0), "machine": platform.node(),
@@ -321,8 +322,8 @@ def main(argv=None) -> int:
     for name in args.sections:
         result["sections"].append(runners[name]())
         # written after every section, so a later failure or a killed run leaves the earlier results
-        (args.out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
-        (args.out_dir / f"{stem}.md").write_text(markdown(result))
+        atomic_io.write_text(args.out_dir / f"{stem}.json", json.dumps(result, indent=1) + "\n")
+        atomic_io.write_text(args.out_dir / f"{stem}.md", markdown(result))
     print(markdown(result))
     return 0 if all(s["status"] == "ok" for s in result["sections"]) else 1
 

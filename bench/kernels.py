@@ -51,6 +51,7 @@ if "--smoke" in sys.argv:  # the interpreter must be chosen before the kernels a
 
 import torch  # noqa: E402
 
+from mcgraph.apps import atomic_io  # noqa: E402
 from mcgraph.apps.bench.records import git_commit  # noqa: E402
 
 SIZES = (10**6, 10**7, 10**8)
@@ -322,10 +323,11 @@ def main(argv=None) -> int:
     rows, skipped = run(sizes, samples, args.max_seconds, device, quick=args.smoke)
     if out is not None and rows:
         out.parent.mkdir(parents=True, exist_ok=True)
-        new = not out.exists()
-        with out.open("a", newline="") as f:
+        old = out.read_text() if out.exists() else ""
+        with atomic_io.atomic_write(out, "w") as f:  # the old rows and the new ones, or the old file untouched
+            f.write(old)
             writer = csv.DictWriter(f, fieldnames=FIELDS)
-            if new:
+            if not old:
                 writer.writeheader()
             writer.writerows(rows)
         print(f"{len(rows)} rows appended to {out}")

@@ -115,7 +115,9 @@ def main() -> None:
                   f"sys/user {r['sys_s'] / r['user_s']:5.1%}{ratio}")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "noise_churn.json").write_text(json.dumps(rows, indent=1))
+        from mcgraph.apps import atomic_io
+
+        atomic_io.write_json(Path(args.out) / "noise_churn.json", rows, indent=1)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import time
 import torch
 
 import mcgraph as mg
+from mcgraph.apps import atomic_io
 from mcgraph.apps.bench.records import git_commit
 
 
@@ -96,8 +97,7 @@ def main(argv=None) -> int:
             print(f"{name:16s} P={args.params:>9,} M={M:>6}: {row['seconds_plain']:.4f} s -> "
                   f"{row['seconds_stderr']:.4f} s with return_stderr  (×{row['ratio']:.3f})", flush=True)
             if args.out:
-                with open(args.out, "a") as f:
-                    f.write(json.dumps(row) + "\n")
+                atomic_io.append_line(args.out, json.dumps(row))
     return 0
 
 

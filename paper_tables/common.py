@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from mcgraph.apps import atomic_io
 from mcgraph.apps.bench.records import git_commit
 
 PAPER = ("Nazarovs, Mehta, Lokhande, Singh. Graph Reparameterizations for Enabling 1000+ Monte Carlo "
@@ -164,7 +165,7 @@ def write_target(out_dir: str | os.PathLike, result: TargetResult,
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     data = result.to_json()
-    (out / f"{result.target}.json").write_text(json.dumps(data, indent=1, default=str))
+    atomic_io.write_json(out / f"{result.target}.json", data, indent=1, default=str)
     png = out / f"{result.target}.png"
     if plot is not None:
         import matplotlib
@@ -176,7 +177,7 @@ def write_target(out_dir: str | os.PathLike, result: TargetResult,
             plot(result, png)
         finally:
             plt.close("all")
-    (out / f"{result.target}.md").write_text(render_markdown(data, png.name if png.exists() else None))
+    atomic_io.write_text(out / f"{result.target}.md", render_markdown(data, png.name if png.exists() else None))
     write_index(out)
     return data
 
@@ -236,8 +237,23 @@ def write_index(out_dir: str | os.PathLike) -> Path:
         if (out / f"{d['target']}.png").is_file():
             lines += [f"![{d['target']}]({d['target']}.png)", ""]
     path = out / "README.md"
-    path.write_text("\n".join(lines))
+    atomic_io.write_text(path, "\n".join(lines))
     return path
+
+
+def write_cache(path: str | os.PathLike, obj) -> None:
+    """Atomically write a run cache (JSON): an interrupted full run leaves either the previous cache or the
+    new one, so the resumed run never reads half a file."""
+    atomic_io.write_json(path, obj, indent=1, default=str)
+
+
+def read_cache(path: str | os.PathLike):
+    """A run cache written by :func:`write_cache`, or ``None`` when it is absent or unreadable (a torn file
+    left by an older version: the run is recomputed)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def log(msg: str) -> None:

@@ -29,6 +29,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import atomic_io
+
 import torch
 
 #: Column order of the CSV (and keys of each JSON row).
@@ -141,7 +143,7 @@ def total_ram_bytes() -> int | None:
 
 def write_csv(rows: list[Row], path: str | os.PathLike) -> Path:
     path = Path(path)
-    with path.open("w", newline="") as f:
+    with atomic_io.atomic_write(path, "w") as f:  # a killed run leaves the previous file, never half a table
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         for r in rows:
@@ -151,7 +153,7 @@ def write_csv(rows: list[Row], path: str | os.PathLike) -> Path:
 
 def write_json(rows: list[Row], meta: dict, path: str | os.PathLike) -> Path:
     path = Path(path)
-    path.write_text(json.dumps({"meta": meta, "rows": [r.as_dict() for r in rows]}, indent=1, default=str))
+    atomic_io.write_json(path, {"meta": meta, "rows": [r.as_dict() for r in rows]}, indent=1, default=str)
     return path
 
 
