@@ -14,10 +14,16 @@ CUDA) and lays the R ranks out as ``D`` data groups of ``S = R / D`` ranks:
 * the KL, which does not depend on the data, splits its samples over all R ranks.
 
 Without ``torchrun`` (``WORLD_SIZE`` unset or 1) everything is a no-op.
+
+**A rank that dies.** Every collective waits at most ``timeout`` seconds (``mcgraph train
+--dist-timeout``, default 300) for the other ranks: when one rank is killed mid-step, the
+survivors fail with an error instead of hanging (under ``torchrun`` its agent usually stops
+them first). Rank 0 writes checkpoints atomically, so a resume starts from the last complete one.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 from dataclasses import dataclass
 
@@ -96,8 +102,15 @@ class Ranks:
                 f"{self.size // self.data_parallel} sample rank(s))")
 
 
-def ranks_from_env(device: torch.device, data_parallel: int = 1) -> Ranks:
+#: seconds a collective waits for the other ranks before failing (a dead rank must not hang the others)
+DEFAULT_TIMEOUT_S = 300.0
+
+
+def ranks_from_env(device: torch.device, data_parallel: int = 1, timeout: float = DEFAULT_TIMEOUT_S) -> Ranks:
     """Join the ``torchrun`` process group (if any) and build the layout for ``data_parallel`` shards.
+
+    ``timeout``: seconds every collective waits for the other ranks (a killed rank makes the others fail
+    with an error naming the collective within this time, instead of hanging).
 
     Raises:
         ValueError: ``data_parallel`` does not divide the number of processes.
@@ -111,20 +124,21 @@ def ranks_from_env(device: torch.device, data_parallel: int = 1) -> Ranks:
         return Ranks()
     import torch.distributed as dist
 
+    wait = datetime.timedelta(seconds=float(timeout))
     if not dist.is_initialized():
         backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, timeout=wait)
     rank = dist.get_rank()
     per = size // data_parallel
     samples = data = None
     for d in range(data_parallel):  # every rank creates every group, in the same order
-        group = dist.new_group(list(range(d * per, (d + 1) * per)))
+        group = dist.new_group(list(range(d * per, (d + 1) * per)), timeout=wait)
         if rank // per == d and per > 1:
             samples = group
     for s in range(per):
-        group = dist.new_group(list(range(s, size, per)))
+        group = dist.new_group(list(range(s, size, per)), timeout=wait)
         if rank % per == s and data_parallel > 1:
             data = group
     return Ranks(size, rank, data_parallel, dist.group.WORLD, samples, data)

@@ -138,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     g_many.add_argument("--data-parallel", type=int, default=1,
                    help="under torchrun: split each batch over this many groups of ranks (the rest of the "
                         "ranks split the Monte Carlo samples); must divide the number of ranks")
+    g_many.add_argument("--dist-timeout", type=float, default=launch.DEFAULT_TIMEOUT_S,
+                   help="seconds a collective waits for the other ranks: a rank that died makes the others "
+                        "fail with an error instead of hanging")
 
     from .optim_train import add_arguments
 
@@ -160,7 +163,8 @@ def train(args) -> dict:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
-    ranks = launch.ranks_from_env(device, getattr(args, "data_parallel", 1))
+    ranks = launch.ranks_from_env(device, getattr(args, "data_parallel", 1),
+                                  getattr(args, "dist_timeout", launch.DEFAULT_TIMEOUT_S))
     ds, (x_train, y_train), (x_test, y_test), (x_eval, y_eval) = load_splits(args)
 
     model = build_model(args, ds.input_shape, ds.num_classes).to(device)
