@@ -54,6 +54,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+import mcgraph as mg
 from mcgraph.apps.bench.records import git_commit
 
 SIZES = (784, 1000, 1000, 10)
@@ -142,8 +143,7 @@ def converted(provider: str):
 def mcgraph_loss(model, x, y, M, method="chunked", kl_method="collapsed-exact"):
     import mcgraph.nn as mnn
 
-    return -mnn.elbo(model, x, y, num_samples=M, dataset_size=DATASET, kl_samples=M, kl_method=kl_method,
-                     method=method, seed=0)
+    return -mnn.elbo(model, x, y, num_samples=mg.Sampling(M, method=method), dataset_size=DATASET, kl_samples=mg.Sampling(M, method=kl_method), seed=0)
 
 
 def bayesian_torch_loss(model, x, y, M):
@@ -197,7 +197,7 @@ def mcgraph_grad_error(model, M: int, method: str = "chunked") -> float:
     x, y = _data()
     layers = mnn.bayesian_modules(model)
     model.zero_grad()
-    (-mnn.expected_data_term(model, x, y, num_samples=M, seed=0, method=method)).backward()
+    (-mnn.expected_data_term(model, x, y, num_samples=mg.Sampling(M, method=method), seed=0)).backward()
     got = layers[0].weight_rho.grad.clone()
     run = sample_run(model, M, seed=0)
     with torch.no_grad():

@@ -12,6 +12,7 @@ from .engine.families import FAMILIES, GenericForm, SamplingForm, family_of, reg
 from .engine.trace import register_integrand, trace
 from .engine.stderr import MCEstimate, required_samples
 from .engine.methods import Method
+from .engine.options import Sampling
 from .engine.tuples import Plan, TermPlan, Tier, classify
 
 from . import nn  # noqa: E402  (the layers build on the functional API above)
@@ -29,7 +30,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
-    "FAMILIES", "GenericForm", "GraphSize", "MCEstimate", "Method", "Plan", "SamplingForm", "TermPlan", "Tier",
+    "FAMILIES", "GenericForm", "GraphSize", "MCEstimate", "Method", "Sampling", "Plan", "SamplingForm", "TermPlan", "Tier",
     "classify", "distributions", "expectation", "explain", "family_of", "graph_size", "kl_divergence",
     "interop", "metrics", "models", "nn", "optim", "plan_cache", "register_family", "register_integrand",
     "required_samples", "set_validate_args", "trace",

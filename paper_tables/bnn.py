@@ -90,7 +90,7 @@ def build(name: str, batch: int, input_size: int, seed: int, posterior="radial",
 def data_loss(b: BNN, seed: int) -> torch.Tensor:
     """−(1/B) Σ_b log p(y_b | x_b, W) with one weight sample (the same for every KL method)."""
     mnn = nn_module()
-    return -mnn.expected_data_term(b.net, b.x, b.y, num_samples=1, seed=seed, method="direct")
+    return -mnn.expected_data_term(b.net, b.x, b.y, num_samples=mg.Sampling(1, method="direct"), seed=seed)
 
 
 def kl(b: BNN, method: str, num_samples: int, kl_seed: int) -> torch.Tensor:

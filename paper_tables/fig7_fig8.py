@@ -175,7 +175,7 @@ def gradient_noise(s: dict, seed: int, replicates: int = 16, kl_arms=(1, 100)) -
         mean = g.mean(0)
         return float(mean.norm()), float((g - mean).pow(2).sum(1).mean().sqrt())
 
-    data = [flat_grad(-mnn.elbo(model, x, y, num_samples=1, dataset_size=1, kl_weight=0.0, seed=seed * 1000 + i))
+    data = [flat_grad(-mnn.expected_data_term(model, x, y, num_samples=1, seed=seed * 1000 + i))
             for i in range(replicates)]
     data_norm, data_noise = noise(data)
     out = {"replicates": replicates, "batch": int(x.shape[0]), "data_grad_norm": data_norm,

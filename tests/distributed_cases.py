@@ -100,8 +100,7 @@ def nn_cases(group, sizes=(1, 5)) -> dict:
         params = list(net.parameters())
         kl = mg.nn.kl(net, m, seed=3, process_group=group)
         out[f"nn.kl/float32/M={m}"] = _flat(kl, _grads(kl, params))
-        loss = -mg.nn.elbo(net, x, y, num_samples=m, dataset_size=100, kl_samples=m + 2, seed=4, chunk_size=2,
-                           process_group=group)
+        loss = -mg.nn.elbo(net, x, y, num_samples=mg.Sampling(m, chunk_size=2, process_group=group), dataset_size=100, kl_samples=m + 2, seed=4)
         out[f"nn.elbo/float32/M={m}"] = _flat(loss, _grads(loss, params))
         out[f"nn.predict/float32/M={m}"] = mg.nn.predict(net, x, m, chunk_size=2, seed=5, process_group=group)
     out.update(interop_cases(group))
@@ -134,8 +133,7 @@ def train_case(group, steps: int = 3) -> dict:
     x, y = _batch(8)
     for step in range(steps):
         opt.zero_grad()
-        loss = -mg.nn.elbo(net, x, y, num_samples=3, dataset_size=100, kl_samples=5, seed=100 + step,
-                           process_group=group)
+        loss = -mg.nn.elbo(net, x, y, num_samples=mg.Sampling(3, process_group=group), dataset_size=100, kl_samples=5, seed=100 + step)
         loss.backward()
         opt.step()
     return {"train/float32/params": torch.cat([p.detach().reshape(-1) for p in net.parameters()])}

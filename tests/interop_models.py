@@ -93,7 +93,7 @@ def assert_data_term_gradients_match(bnn, params, x, y, num_samples: int, seed: 
 
     for p in params:
         p.grad = None
-    (-mg.nn.expected_data_term(bnn, x, y, num_samples=num_samples, seed=seed, chunk_size=chunk_size)).backward()
+    (-mg.nn.expected_data_term(bnn, x, y, num_samples=mg.Sampling(num_samples, chunk_size=chunk_size), seed=seed)).backward()
     got = [p.grad.clone() for p in params]
     ref = torch.autograd.grad(mcgraph_data_term_reference(bnn, x, y, num_samples, seed), params)
     for g, r in zip(got, ref):

@@ -29,7 +29,8 @@ MODULES += ["mcgraph.interop.foreign_priors", "mcgraph.engine.stderr", "mcgraph.
 MODULES += ["mcgraph.engine.cpu_philox"]  # its example builds the library (about a second, once per machine)
 MODULES += ["mcgraph.engine.plan_cache"]
 MODULES += ["mcgraph.engine.noise", "mcgraph.optim.ivon"]
-MODULES += ["mcgraph.engine.checks", "mcgraph.engine.registry", "mcgraph.engine.methods", "mcgraph.nn.model_checks"]
+MODULES += ["mcgraph.engine.checks", "mcgraph.engine.registry", "mcgraph.engine.methods", "mcgraph.engine.options",
+            "mcgraph.nn.model_checks"]
 
 
 @pytest.mark.parametrize("name", MODULES + sorted(NEEDS))

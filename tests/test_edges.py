@@ -214,7 +214,11 @@ def test_a_fractional_sample_count_is_a_type_error_everywhere():
 def test_the_checks_module_is_the_one_rule():
     from mcgraph.engine import checks
 
-    assert checks.positive_int("n", torch.tensor(3)) == 3
+    import numpy as np
+
+    assert checks.positive_int("n", np.int64(3)) == 3
+    with pytest.raises(TypeError, match="n must be an int, got Tensor"):
+        checks.positive_int("n", torch.tensor(3))
     with pytest.raises(TypeError, match="n must be an int"):
         checks.positive_int("n", True)
     with pytest.raises(ValueError, match="n must be >= 1, got 0"):
@@ -269,3 +273,33 @@ def test_progress_draws_no_bar_into_a_log_file(tmp_path, monkeypatch):
             bar.update(loss=1.0)
         bar.close()
     assert bar.bar is None and "\r" not in (tmp_path / "log.txt").read_text()
+
+
+# --------------------------------------------------------------------------- options bound once
+
+
+def test_a_sampling_object_carries_the_options_and_matches_the_keyword_call():
+    q = torch.distributions.Normal(torch.zeros(3), torch.ones(3))
+    p = torch.distributions.Laplace(0.0, 1.0)
+    opts = mg.Sampling(64, seed=3, method=mg.Method.FUSED, return_stderr=True)
+    a = mg.kl_divergence(q, p, opts)
+    b = mg.kl_divergence(q, p, 64, seed=3, method="fused", return_stderr=True)
+    assert isinstance(a, mg.MCEstimate) and torch.equal(a.value, b.value) and torch.equal(a.stderr, b.stderr)
+    e = mg.expectation(lambda w: w * w, q, mg.Sampling(16, seed=1, chunk_size=4))
+    assert torch.equal(e, mg.expectation(lambda w: w * w, q, 16, seed=1, chunk_size=4))
+    net, (x, _) = _bnn(kl_samples=8), _batch()
+    assert torch.equal(mnn.kl(net, mg.Sampling(seed=2)), mnn.kl(net, seed=2))
+    assert torch.equal(mnn.predict(net, x, mg.Sampling(8, seed=5, chunk_size=3)), mnn.predict(net, x, 8, 3, seed=5))
+
+
+def test_a_sampling_object_is_validated_when_made_and_refuses_a_second_value():
+    with pytest.raises(TypeError, match="num_samples must be an int or None, got float"):
+        mg.Sampling(2.5)
+    with pytest.raises(ValueError, match=r"seed must be in \[0, 2\*\*64\)"):
+        mg.Sampling(4, seed=-1)
+    q = torch.distributions.Normal(torch.zeros(3), torch.ones(3))
+    with pytest.raises(TypeError, match="method: given both in the Sampling passed as num_samples"):
+        mg.expectation(lambda w: w, q, mg.Sampling(4, method="fused"), method="chunked")
+    with pytest.raises(ValueError, match="method must be one of"):
+        mg.expectation(lambda w: w, q, mg.Sampling(4, method="magic"))
+    assert mg.Sampling(4).replace(seed=3) == mg.Sampling(4, seed=3)

@@ -50,7 +50,7 @@ def test_sites_are_the_samplers_parameters():
     assert [s.name for s in found] == ["conv.weight", "conv.bias", "fc.weight"]  # fc has bias=False
     assert found[0].loc is model.conv.weight_sampler.mu and found[0].raw_scale is model.conv.weight_sampler.rho
     assert found[0].loc is not model.conv.weight_mu  # blitz's alias of the same storage
-    assert isinstance(found[0].prior(), mg.distributions.ScaleMixtureNormal)
+    assert isinstance(found[0].prior, mg.distributions.ScaleMixtureNormal)
     ibz.kl(model, 64, seed=0).backward()
     assert model.conv.weight_sampler.rho.grad is not None and model.conv.weight_rho.grad is None
 
@@ -60,10 +60,10 @@ def test_recurrent_sites_and_custom_priors():
     found = interop.sites(lstm)
     assert [s.name for s in found] == ["weight_ih", "weight_hh", "bias"]
     assert found[0].loc.shape == (3, 16)
-    assert isinstance(found[0].prior(), torch.distributions.Laplace)
-    floored = ibz.sites(lstm, prior_floor=1e-6)[0].prior()
+    assert isinstance(found[0].prior, torch.distributions.Laplace)
+    floored = ibz.sites(lstm, prior_floor=1e-6)[0].prior
     w = torch.tensor([0.0, 30.0])
-    torch.testing.assert_close(floored.log_prob(w), torch.log(torch.exp(found[0].prior().log_prob(w)) + 1e-6))
+    torch.testing.assert_close(floored.log_prob(w), torch.log(torch.exp(found[0].prior.log_prob(w)) + 1e-6))
 
 
 def test_kl_graph_does_not_grow_with_samples():

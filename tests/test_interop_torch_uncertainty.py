@@ -33,9 +33,9 @@ def test_sites_read_rho_from_the_sigma_parameters(tu):
     found = interop.sites(model)
     assert [s.name for s in found] == ["0.weight", "0.bias", "2.weight", "2.bias"]
     assert found[0].raw_scale is model[0].weight_sigma and found[2].loc is model[2].weight_mu
-    torch.testing.assert_close(found[0].scale(), torch.log1p(torch.exp(model[0].weight_sigma)))
-    assert isinstance(found[0].prior(), mg.distributions.ScaleMixtureNormal)
-    assert isinstance(found[2].prior(), torch.distributions.Normal)  # prior_pi = 1
+    torch.testing.assert_close(found[0].scale, torch.log1p(torch.exp(model[0].weight_sigma)))
+    assert isinstance(found[0].prior, mg.distributions.ScaleMixtureNormal)
+    assert isinstance(found[2].prior, torch.distributions.Normal)  # prior_pi = 1
 
 
 def test_layer_mean_agrees_with_the_mean_of_native_kldiv_estimates(tu):

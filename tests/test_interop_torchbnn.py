@@ -26,8 +26,8 @@ def test_sites_use_the_exp_transform():
     assert [s.name for s in found] == ["0.weight", "0.bias", "1.weight", "1.bias", "4.weight", "6.weight", "6.bias"]
     assert all(s.scale_transform.name == "exp" for s in found)
     assert found[0].raw_scale is m[0].weight_log_sigma
-    torch.testing.assert_close(found[-1].scale(), m[6].bias_log_sigma.exp())
-    p = found[-1].prior()
+    torch.testing.assert_close(found[-1].scale, m[6].bias_log_sigma.exp())
+    p = found[-1].prior
     assert (float(p.loc), float(p.scale)) == pytest.approx((0.2, 0.5))
 
 

@@ -1,4 +1,4 @@
-"""A Bayesian layer's posterior and prior are both properties; the old call ``posterior()`` warns."""
+"""A Bayesian layer's posterior and prior are both properties returning plain torch distributions."""
 
 from __future__ import annotations
 
@@ -28,16 +28,17 @@ def test_posterior_and_prior_are_reached_the_same_way():
     assert mnn.BayesLinear(2, 2).bias_posterior is None
 
 
-def test_old_call_spelling_still_works_with_a_deprecation_warning():
+def test_the_posterior_is_a_plain_torch_distribution():
     layer = mnn.BayesLinear(4, 3, bayesian_bias=True)
-    with pytest.warns(DeprecationWarning, match=r"layer\.posterior\(\) is deprecated"):
-        q = layer.posterior()
+    q, p = layer.posterior, layer.prior
+    assert type(q) is torch.distributions.Normal and type(layer.bias_posterior) is torch.distributions.Normal
+    assert callable(q) == callable(p) == False  # noqa: E712  (no callable shim on either)
+    with pytest.raises(TypeError):
+        layer.posterior()
     torch.testing.assert_close(q.mean, layer.weight_mu)
-    with pytest.warns(DeprecationWarning, match=r"layer\.bias_posterior\(\) is deprecated"):
-        qb = layer.bias_posterior()
-    torch.testing.assert_close(qb.mean, layer.bias_mu)
-    e = q.expand((2, 3, 4))
-    assert e.batch_shape == (2, 3, 4)
+    assert q.expand((2, 3, 4)).batch_shape == (2, 3, 4)
+    est = layer.kl(8, seed=0, return_stderr=True)
+    assert isinstance(est, mg.MCEstimate) and est.num_samples == 8 and est.stderr > 0
 
 
 def test_internal_callers_do_not_warn():

@@ -199,7 +199,7 @@ def test_elbo_gradients_match_explicit_noise_reference():
     x, y = torch.randn(5, 6), torch.randint(0, 3, (5,))
     M = 6
     net.zero_grad()
-    (-mnn.expected_data_term(net, x, y, num_samples=M, seed=4, chunk_size=4)).backward()
+    (-mnn.expected_data_term(net, x, y, num_samples=mg.Sampling(M, chunk_size=4), seed=4)).backward()
     layers = mnn.bayesian_modules(net)
     run = sample_run(net, M, seed=4)
     with torch.no_grad():
@@ -394,7 +394,7 @@ def test_bad_arguments_raise_named_errors():
     with pytest.raises(ValueError, match="dataset_size"):
         mnn.elbo(layer, torch.randn(1, 2), torch.tensor([0]), num_samples=1, dataset_size=0)
     with pytest.raises(ValueError, match="method"):
-        mnn.elbo(layer, torch.randn(1, 2), torch.tensor([0]), num_samples=1, dataset_size=1, method="magic")
+        mnn.elbo(layer, torch.randn(1, 2), torch.tensor([0]), num_samples=mg.Sampling(1, method="magic"), dataset_size=1)
     with pytest.raises(ValueError, match="likelihood"):
         mnn.elbo(layer, torch.randn(1, 2), torch.tensor([0]), num_samples=1, dataset_size=1, likelihood="poisson")
 
@@ -424,7 +424,7 @@ def test_elbo_chunked_equals_direct(posterior, option):
     results = []
     for method, chunk in [("direct", 5), ("chunked", 2), ("chunked", 5), ("chunked", 1)]:
         net.zero_grad()
-        value = mnn.elbo(net, x, y, num_samples=5, dataset_size=50, seed=9, method=method, chunk_size=chunk)
+        value = mnn.elbo(net, x, y, num_samples=mg.Sampling(5, method=method, chunk_size=chunk), dataset_size=50, seed=9)
         value.backward()
         results.append((value.detach(), _grads(net)))
     ref_value, ref_grads = results[0]
@@ -439,8 +439,7 @@ def test_elbo_graph_does_not_grow_with_samples():
     x, y = torch.randn(8, 20), torch.randint(0, 4, (8,))
 
     def size(M, method="chunked"):
-        return mg.graph_size(mnn.elbo(net, x, y, num_samples=M, dataset_size=100, kl_samples=M, seed=0,
-                                      method=method, chunk_size=4))
+        return mg.graph_size(mnn.elbo(net, x, y, num_samples=mg.Sampling(M, method=method, chunk_size=4), dataset_size=100, kl_samples=M, seed=0))
 
     one, many = size(1), size(64)
     assert many.saved_bytes <= 1.05 * one.saved_bytes and many.nodes == one.nodes
@@ -545,8 +544,7 @@ def test_expected_log_likelihood_equals_whole_network_estimate(likelihood):
     a.backward()
     ga = _grads(net)
     net.zero_grad()
-    b = mnn.expected_data_term(net, x, y, num_samples=M, seed=5, likelihood=likelihood, noise_std=0.5,
-                               chunk_size=64)
+    b = mnn.expected_data_term(net, x, y, num_samples=mg.Sampling(M, chunk_size=64), seed=5, likelihood=likelihood, noise_std=0.5)
     b.backward()
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     assert _max_diff(ga, _grads(net)) < 1e-4

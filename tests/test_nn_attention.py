@@ -125,7 +125,7 @@ def test_elbo_gradients_of_attention_match_a_per_sample_reference_float64():
     net = Net()
     x, y = torch.randn(4, 5, 8, dtype=torch.float64), torch.tensor([0, 1, 2, 0])
     M, N = 4, 50
-    value = mg.nn.elbo(net, x, y, num_samples=M, dataset_size=N, seed=2, chunk_size=3)
+    value = mg.nn.elbo(net, x, y, num_samples=mg.Sampling(M, chunk_size=3), dataset_size=N, seed=2)
     params = list(net.parameters())
     grads = torch.autograd.grad(value, params)
     ref = nn.MultiheadAttention(8, 2, batch_first=True, dtype=torch.float64)
@@ -158,8 +158,8 @@ def test_attention_dropout_is_replayed_by_the_chunked_elbo():
 
     net = Net().train()
     x, y = torch.randn(4, 5, 8, dtype=torch.float64), torch.tensor([0, 1, 2, 0])
-    a = mg.nn.elbo(net, x, y, num_samples=4, dataset_size=10, seed=1, chunk_size=1)
-    b = mg.nn.elbo(net, x, y, num_samples=4, dataset_size=10, seed=1, method="direct")
+    a = mg.nn.elbo(net, x, y, num_samples=mg.Sampling(4, chunk_size=1), dataset_size=10, seed=1)
+    b = mg.nn.elbo(net, x, y, num_samples=mg.Sampling(4, method="direct"), dataset_size=10, seed=1)
     ga, gb = (torch.autograd.grad(v, list(net.parameters())) for v in (a, b))
     torch.testing.assert_close(a, b)
     for u, v in zip(ga, gb, strict=True):

@@ -222,7 +222,7 @@ def test_elbo_gradients_match_a_per_sample_torch_reference_float64(cell):
     net = _Classifier(cell, rho_init=-1.5, dtype=torch.float64)
     x, y = torch.randn(4, 6, 3, dtype=torch.float64), torch.tensor([0, 1, 2, 3])
     M, N = 5, 100
-    value = mg.nn.elbo(net, x, y, num_samples=M, dataset_size=N, seed=3, chunk_size=2)
+    value = mg.nn.elbo(net, x, y, num_samples=mg.Sampling(M, chunk_size=2), dataset_size=N, seed=3)
     grads = torch.autograd.grad(value, list(net.parameters()))
     # reference: torch's module with each sample's weights, every sample in one graph
     ref = (nn.LSTM if cell == "lstm" else nn.GRU)(3, 5, num_layers=2, batch_first=True, dtype=torch.float64)
@@ -263,9 +263,9 @@ def test_dropout_between_layers_is_replayed_by_the_chunked_elbo():
     torch.manual_seed(0)
     net = _Classifier("lstm", dropout=0.5, dtype=torch.float64).train()
     x, y = torch.randn(4, 6, 3, dtype=torch.float64), torch.tensor([0, 1, 2, 3])
-    a = mg.nn.elbo(net, x, y, num_samples=4, dataset_size=10, seed=1, chunk_size=1)
+    a = mg.nn.elbo(net, x, y, num_samples=mg.Sampling(4, chunk_size=1), dataset_size=10, seed=1)
     ga = torch.autograd.grad(a, list(net.parameters()))
-    b = mg.nn.elbo(net, x, y, num_samples=4, dataset_size=10, seed=1, method="direct")
+    b = mg.nn.elbo(net, x, y, num_samples=mg.Sampling(4, method="direct"), dataset_size=10, seed=1)
     gb = torch.autograd.grad(b, list(net.parameters()))
     torch.testing.assert_close(a, b)
     for u, v in zip(ga, gb, strict=True):

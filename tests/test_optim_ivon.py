@@ -230,7 +230,7 @@ def test_low_precision_parameters_keep_float32_state_and_mixed_dtypes_train():
     w2 = opt2.param_groups[0]["params"][0]
     assert opt2.state[w2]["mean"].dtype == torch.float32
     assert torch.equal(opt2.state[w2]["mean"], opt.state[w]["mean"])
-    q = opt.posterior()
+    q = opt.posterior
     assert q["0.weight"].loc.dtype == torch.float32
 
 
@@ -262,7 +262,7 @@ def test_posterior_and_posterior_model():
     opt = IVON(net, lr=0.1, ess=100, weight_decay=1e-3, seed=0)
     for _ in range(3):
         _sample_step(opt, net, x, y)
-    q = opt.posterior()
+    q = opt.posterior
     assert set(q) == {n for n, _ in net.named_parameters()}
     w = net[0].weight
     expected = 1.0 / (100 * (opt.state[w]["hess"] + 1e-3)).sqrt()
@@ -271,7 +271,7 @@ def test_posterior_and_posterior_model():
     assert probs.shape == (32, 3) and torch.allclose(probs.sum(-1), torch.ones(32, dtype=DT))
     # built from parameters: names fall back until the model is given
     opt_p = IVON(net.parameters(), lr=0.1, ess=100)
-    assert "param_groups.0.params.0" in opt_p.posterior() and "0.weight" in opt_p.posterior(net)
+    assert "param_groups.0.params.0" in opt_p.posterior and "0.weight" in opt_p.posterior_of(net)
     with pytest.raises(ValueError, match="pass the network"):
         opt_p.posterior_model()
     assert isinstance(opt_p.posterior_model(net), nn.Module)

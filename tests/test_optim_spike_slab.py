@@ -83,7 +83,7 @@ def test_pruning_is_permanent_and_survives_training_and_save_load():
         opt.step(closure)
     assert all(torch.count_nonzero(s) == 0 for s in seen)  # the samples are masked too
     assert torch.count_nonzero(net[0].weight[:, [2, 3, 5]]) == 0
-    q = opt.posterior()["0.weight"]
+    q = opt.posterior["0.weight"]
     assert torch.count_nonzero(q.loc[:, [2, 3, 5]]) == 0 and torch.count_nonzero(q.scale[:, [2, 3, 5]]) == 0
     # pruned columns come back to nothing even after a later E-step that would call them slab
     with torch.no_grad():

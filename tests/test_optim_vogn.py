@@ -149,7 +149,7 @@ def test_infinite_prior_precision_collapses_the_posterior_to_the_prior():
     for _ in range(3):
         opt.step(_closure(opt, model, x, y))
     prior = torch.distributions.Normal(torch.zeros((), dtype=DT), torch.tensor(delta ** -0.5, dtype=DT))
-    for name, q in opt.posterior().items():
+    for name, q in opt.posterior.items():
         torch.testing.assert_close(q.scale, prior.scale.expand_as(q.scale), rtol=1e-6, atol=0)
         assert float(q.loc.abs().max()) < 1e-3 * float(prior.scale), name
         kl = torch.distributions.kl_divergence(q, prior).sum()
@@ -210,7 +210,7 @@ def test_dtypes_and_posterior_plugs_into_predict(dtype):
     opt = VOGN(model, 100, lr=1e-2, num_mc_samples=2, seed=0)
     for _ in range(2):
         opt.step(_closure(opt, model, x, y))
-    q = opt.posterior()
+    q = opt.posterior
     assert sorted(q) == ["0.bias", "0.weight", "3.bias", "3.weight"]
     assert all(d.loc.dtype == dtype and bool((d.scale > 0).all()) for d in q.values())
     assert all(opt.state[p]["precision"].dtype == dtype for p in model.parameters())
@@ -244,7 +244,7 @@ def test_batchnorm_is_deterministic_and_without_prior_by_default():
     opt.step(watching)
     assert all(torch.equal(a, w0) for a, _ in seen)  # BN never sampled
     assert not torch.equal(seen[0][1], seen[1][1])  # conv weights are
-    assert "1.weight" not in opt.posterior()
+    assert "1.weight" not in opt.posterior
     groups = {g["module"]: g for g in opt.param_groups}
     assert not groups["1"]["prior"] and not groups["1"]["sample"] and groups["0"]["prior"]
     with_prior = VOGN(copy.deepcopy(model), 50, batchnorm_prior=True)
@@ -352,7 +352,7 @@ def test_adaptive_vb_alpha_half_step_and_warmup_without_noise():
         mu = p0 - 0.01 * d / (pi.sqrt() + 1e-8)  # m̂ = d after bias correction
         torch.testing.assert_close(p.detach(), mu.detach(), rtol=1e-10, atol=1e-12)
     opt.step(closure)
-    assert opt.posterior()["0.weight"].scale.shape == (4, 3)
+    assert opt.posterior["0.weight"].scale.shape == (4, 3)
     seen.clear()
     opt.step(lambda: seen.append(model[0].weight.detach().clone()) or closure())  # after warm-up: sampled
     assert not torch.equal(seen[0], model[0].weight)

@@ -236,8 +236,7 @@ def test_layer_kl_hits_in_training_at_one_sample():
         losses = []
         with (plan_cache.disabled() if not enabled else torch.enable_grad()):
             for step in range(4):
-                loss = -mg.nn.elbo(net, x, y, num_samples=1, dataset_size=100, seed=step,
-                                   kl_method="collapsed-exact")
+                loss = -mg.nn.elbo(net, x, y, num_samples=1, dataset_size=100, seed=step, kl_samples=mg.Sampling(None, method="collapsed-exact"))
                 opt.zero_grad()
                 loss.backward()
                 opt.step()

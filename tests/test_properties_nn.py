@@ -144,8 +144,7 @@ def net_cases(draw):
 
 def _elbo(case: NetCase, method: str, chunk: int):
     net, x, y = case.network()
-    value = mg.nn.elbo(net, x, y, num_samples=case.num_samples, dataset_size=100, seed=case.seed, method=method,
-                       chunk_size=chunk)
+    value = mg.nn.elbo(net, x, y, num_samples=mg.Sampling(case.num_samples, method=method, chunk_size=chunk), dataset_size=100, seed=case.seed)
     params = [p for p in net.parameters() if p.requires_grad]
     return value.detach(), torch.autograd.grad(value, params, allow_unused=True)
 

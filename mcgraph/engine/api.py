@@ -18,6 +18,7 @@ from .trace import floating, guarded
 from .distributed import sharded
 from . import checks
 from .noise import resolve_seed
+from .options import Sampling, resolve_sampling
 from .plan_cache import cached_trace
 from .stderr import MCEstimate, StderrCollector, refuse_with_process_group
 from .tuples import Plan, Tier, classify
@@ -179,7 +180,7 @@ def _check_stderr(return_stderr, num_samples: int, taylor_order, shard=None) -> 
     return return_stderr
 
 
-def expectation(fn: Callable, dist: Distribution, num_samples: int, *, seed: int | None = None,
+def expectation(fn: Callable, dist: Distribution, num_samples: int | Sampling, *, seed: int | None = None,
                 method: str = "auto", chunk_size: int | None = None,
                 taylor_order: int | None = None, return_stderr: bool = False, process_group=None):
     """Monte Carlo estimate of ``E_{w~dist}[fn(w)]`` whose graph does not grow with M.
@@ -196,7 +197,8 @@ def expectation(fn: Callable, dist: Distribution, num_samples: int, *, seed: int
         fn: maps a tensor shaped like ``dist.sample()`` to a tensor. Elementwise
             ``fn`` gives an elementwise expectation; a reducing ``fn`` the reduced one.
         dist: a ``torch.distributions.Distribution`` (registered family, or with ``rsample``).
-        num_samples: M ≥ 1.
+        num_samples: M ≥ 1, or a :class:`~mcgraph.Sampling` carrying M and the options below (each option
+            in one place: the Sampling or the keyword).
         seed: noise seed; ``None`` draws one from torch's global generator.
         method: ``"auto"`` | ``"collapsed"`` | ``"collapsed-exact"`` | ``"fused"`` |
             ``"chunked"`` | ``"direct"`` | ``"analytic"`` | ``"auto-analytic"``. ``"collapsed-exact"``
@@ -252,6 +254,11 @@ def expectation(fn: Callable, dist: Distribution, num_samples: int, *, seed: int
         >>> mg.expectation(lambda w: w ** 2, q, 1, method="analytic")   # exact: E[w²] = μ² + σ²
         tensor([1., 1., 1., 1.], grad_fn=<LocationScalePolynomialBackward>)
     """
+    num_samples, o = resolve_sampling(num_samples, seed=(seed, None), method=(method, "auto"),
+                                      chunk_size=(chunk_size, None), return_stderr=(return_stderr, False),
+                                      process_group=(process_group, None))
+    seed, method, chunk_size, return_stderr, process_group = (o["seed"], o["method"], o["chunk_size"],
+                                                              o["return_stderr"], o["process_group"])
     with sharded(process_group, seed, num_samples) as (shard, seed):
         num_samples = _check_num_samples(num_samples)
         return_stderr = _check_stderr(return_stderr, num_samples, taylor_order, shard)
@@ -302,7 +309,7 @@ def _sum_rightmost(x: torch.Tensor, n: int) -> torch.Tensor:
     return x.sum(tuple(range(-n, 0))) if n > 0 else x
 
 
-def kl_divergence(q: Distribution, p: Distribution, num_samples: int, *, seed: int | None = None,
+def kl_divergence(q: Distribution, p: Distribution, num_samples: int | Sampling, *, seed: int | None = None,
                   method: str = "auto", chunk_size: int | None = None,
                   taylor_order: int | None = None, return_stderr: bool = False, process_group=None):
     """Monte Carlo estimate of KL(q ‖ p) with torch's shape semantics (``q.batch_shape``).
@@ -336,6 +343,11 @@ def kl_divergence(q: Distribution, p: Distribution, num_samples: int, *, seed: i
         >>> mg.kl_divergence(q, p, num_samples=1000, seed=0).shape
         torch.Size([3])
     """
+    num_samples, o = resolve_sampling(num_samples, seed=(seed, None), method=(method, "auto"),
+                                      chunk_size=(chunk_size, None), return_stderr=(return_stderr, False),
+                                      process_group=(process_group, None))
+    seed, method, chunk_size, return_stderr, process_group = (o["seed"], o["method"], o["chunk_size"],
+                                                              o["return_stderr"], o["process_group"])
     with sharded(process_group, seed, num_samples) as (shard, seed):
         return _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, return_stderr, shard)
 

@@ -33,12 +33,9 @@ SEED_LIMIT = 2**64
 
 
 def _is_int(value) -> bool:
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, torch.Tensor):
-        return value.ndim == 0 and not value.is_floating_point() and not value.is_complex() \
-            and value.dtype != torch.bool
-    return isinstance(value, numbers.Integral)
+    # Python and numpy integers; not bool, and not tensors (a count or a seed held in a tensor would
+    # cost a host sync per call and usually means a mistake)
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def positive_int(name: str, value, *, allow_none: bool = False, minimum: int = 1) -> int | None:

@@ -88,7 +88,7 @@ def sites_kl(found: Sequence[VariationalSite], num_samples: int, *, seed: int | 
         num_samples = checks.positive_int("num_samples", num_samples)
         _check_method(method)
         seed = resolve_seed(seed)
-        return [site_kl(s.posterior(), s.prior(), int(num_samples), seed=mix_seed(seed, i), method=method,
+        return [site_kl(s.posterior, s.prior, int(num_samples), seed=mix_seed(seed, i), method=method,
                         process_group=shard).sum()
                 for i, s in enumerate(found)]
 

@@ -19,7 +19,7 @@ Example:
     >>> found = interop.sites(LinearReparameterization(4, 3))
     >>> [(s.name, tuple(s.loc.shape), s.scale_transform.name) for s in found]
     [('weight', (3, 4), 'softplus'), ('bias', (3,), 'softplus')]
-    >>> type(found[0].prior()).__name__
+    >>> type(found[0].prior).__name__
     'Normal'
 """
 
@@ -71,14 +71,18 @@ class VariationalSite:
         """Number of elements of the tensor."""
         return self.loc.numel()
 
+    @property
     def scale(self) -> torch.Tensor:
         """σ = ``scale_transform(raw_scale)``, differentiable in ρ."""
         return self.scale_transform(self.raw_scale)
 
+    @property
     def posterior(self) -> Distribution:
-        """q(w) = Normal(μ, σ) over the tensor (batch shape = the tensor's shape)."""
-        return Normal(self.loc, self.scale(), validate_args=False)
+        """q(w) = Normal(μ, σ) over the tensor (batch shape = the tensor's shape); a property, as on
+        :class:`mcgraph.nn.BayesLayer`."""
+        return Normal(self.loc, self.scale, validate_args=False)
 
+    @property
     def prior(self) -> Distribution:
         """p(w), checked to broadcast with the tensor.
 

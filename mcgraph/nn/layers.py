@@ -44,8 +44,7 @@ from torch.nn.modules.utils import _ntuple, _reverse_repeat_tuple
 
 from ..engine.families import GenericForm, SamplingForm, family_of
 from ..engine.noise import resolve_seed
-from ..engine.stderr import refuse_with_process_group
-from .deprecation import callable_distribution
+from ..engine.stderr import MCEstimate, refuse_with_process_group
 from .context import BayesianModule, NoiseKind, current_capture, current_window, form_noise_global, normal_draw, rademacher
 from .layer_kl import layer_kl
 from .masks import adopt_masks
@@ -214,13 +213,12 @@ class BayesLayer(BayesianModule):
     def posterior(self) -> Distribution:
         """q(W) = posterior(weight_mu, scale_transform(weight_rho)), differentiable in both.
 
-        A property, like :attr:`prior` (the former call ``layer.posterior()`` still works and
-        warns). Built without argument validation (σ > 0 by construction; validation would
-        synchronise with the device on every forward).
+        A property, like :attr:`prior`, returning a plain torch distribution. Built without
+        argument validation (σ > 0 by construction; validation would synchronise with the device
+        on every forward).
         """
         with unchecked_construction():
-            q = self._posterior_factory(self.weight_mu, self.weight_sigma)
-        return callable_distribution(q, "layer.posterior")
+            return self._posterior_factory(self.weight_mu, self.weight_sigma)
 
     @property
     def bias_posterior(self) -> Distribution | None:
@@ -228,8 +226,7 @@ class BayesLayer(BayesianModule):
         if self.bias_mu is None:
             return None
         with unchecked_construction():
-            q = self._posterior_factory(self.bias_mu, self.bias_sigma)
-        return callable_distribution(q, "layer.bias_posterior")
+            return self._posterior_factory(self.bias_mu, self.bias_sigma)
 
     @property
     def prior(self) -> Distribution:
@@ -260,8 +257,8 @@ class BayesLayer(BayesianModule):
             num_samples: M (default: ``self.kl_samples``).
             seed: noise seed (``None``: drawn from the global generator).
             method: the engine's method (``"auto"``, ``"collapsed-exact"``, ``"direct"``, …).
-            return_stderr: also return the standard error of the sum, ``(value, stderr)``: the
-                elements of q's batch (and the bias, seeded apart) have independent noise, so
+            return_stderr: return an :class:`~mcgraph.MCEstimate` ``(value, stderr, num_samples)``:
+                the elements of q's batch (and the bias, seeded apart) have independent noise, so
                 their variances add (not with ``process_group``).
             process_group: split the samples across a ``torch.distributed`` group
                 (see :func:`mcgraph.expectation`).
@@ -278,7 +275,8 @@ class BayesLayer(BayesianModule):
         if return_stderr:
             from .kl_stderr import layer_kl_with_stderr
 
-            return layer_kl_with_stderr(self, m, seed, method)
+            value, stderr = layer_kl_with_stderr(self, m, seed, method)
+            return MCEstimate(value, stderr, m)
         # a registered rule for (q, p), else the engine
         return layer_kl(self, m, seed=seed, method=method, process_group=process_group)
 

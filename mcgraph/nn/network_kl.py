@@ -7,6 +7,7 @@ from torch import nn
 from ..engine import checks
 from ..engine.distributed import sharded
 from ..engine.noise import mix_seed, resolve_seed, reuse_noise_blocks
+from ..engine.options import resolve_sampling
 from ..engine.stderr import MCEstimate
 from .context import bayesian_modules
 from .model_checks import require_bayesian
@@ -27,7 +28,8 @@ def kl(model: nn.Module, num_samples: int | None = None, *, seed: int | None = N
 
     Args:
         model: a module containing Bayesian layers (or a Bayesian layer).
-        num_samples: M for every layer; ``None`` uses each layer's ``kl_samples``.
+        num_samples: M for every layer; ``None`` uses each layer's ``kl_samples``; or a
+            :class:`~mcgraph.Sampling` carrying M and the options below.
         seed: noise seed; layer ``l`` uses ``mix(seed, l)`` (``None``: drawn once).
         method: the engine's method (``"auto"``, ``"collapsed-exact"``, ``"direct"``, …).
         return_stderr: return an :class:`~mcgraph.MCEstimate` ``(value, stderr, num_samples)``: the
@@ -54,6 +56,9 @@ def kl(model: nn.Module, num_samples: int | None = None, *, seed: int | None = N
         (torch.Size([]), True)
     """
     require_bayesian(model, "mg.nn.kl")
+    num_samples, o = resolve_sampling(num_samples, seed=(seed, None), method=(method, "auto"),
+                                      return_stderr=(return_stderr, False), process_group=(process_group, None))
+    seed, method, return_stderr, process_group = o["seed"], o["method"], o["return_stderr"], o["process_group"]
     num_samples = checks.positive_int("num_samples", num_samples, allow_none=True)
     seed = checks.seed("seed", seed)
     # the layers' noise streams draw one after another into one block of memory

@@ -9,6 +9,7 @@ from torch import nn
 
 from ..engine import checks
 from ..engine.distributed import sharded
+from ..engine.options import resolve_sampling
 from .context import SampleRun, bayesian_modules, capture, chunks, sample_run, window
 from .layers import SampleMode
 from .model_checks import check_batch, input_hint, require_bayesian
@@ -164,6 +165,9 @@ def predict(model: nn.Module, x: torch.Tensor, num_samples: int, chunk_size: int
     """
     require_bayesian(model, "mg.nn.predict", allow_none=True)
     check_batch(x, None, "mg.nn.predict")
+    num_samples, o = resolve_sampling(num_samples, seed=(seed, None), chunk_size=(chunk_size, None),
+                                      vectorize=(vectorize, None), process_group=(process_group, None))
+    seed, chunk_size, vectorize, process_group = o["seed"], o["chunk_size"], o["vectorize"], o["process_group"]
     seed = checks.seed("seed", seed)
     with sharded(process_group, seed, num_samples) as (shard, seed):
         if shard is not None and return_samples:

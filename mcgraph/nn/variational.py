@@ -34,6 +34,7 @@ from ..engine import checks
 from ..engine.estimators.chunked import accumulation_dtype
 from ..engine.distributed import sharded
 from ..engine.noise import mix_seed, resolve_seed
+from ..engine.options import Sampling, resolve_sampling
 from ..engine.stderr import MCEstimate, SampleMoments, refuse_with_process_group
 from .context import bayesian_modules, chunks, sample_run
 from .network_kl import kl as model_kl
@@ -46,7 +47,6 @@ __all__ = ["elbo", "elbo_terms", "expected_data_term", "default_chunk", "ELBOTer
            "KLSchedule", "ConstantKL", "LinearWarmupKL", "BlundellKL", "KL_SCHEDULES", "kl_schedule"]
 
 
-_SAME = object()  # kl_process_group's default: the data term's process_group
 
 
 @dataclass(frozen=True, eq=False)
@@ -168,34 +168,45 @@ def default_chunk(model: nn.Module, num_samples: int) -> int:
     return max(1, min(num_samples, CHUNK_ELEMENTS // max(1, numel)))
 
 
-def expected_data_term(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_samples: int,
+def expected_data_term(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_samples: int | Sampling,
                        likelihood="categorical", noise_std=1.0, seed: int | None = None,
-                       chunk_size: int | None = None, method: str = "chunked",
-                       vectorize: bool | None = None, return_stderr: bool = False, process_group=None):
+                       return_stderr: bool = False):
     """``(1/B) Σ_b (1/M) Σ_i log p(y_b | x_b, W_i)`` over whole-network samples (a 0-d tensor).
 
-    ``method="chunked"``: :class:`WholeNetworkMC` (memory of one chunk);
-    ``method="direct"``: every sample in one autograd graph (the naive reference).
+    ``num_samples``: M, or a :class:`~mcgraph.Sampling` with M and how to sample: ``method``
+    ``"chunked"`` (default: :class:`WholeNetworkMC`, memory of one chunk) or ``"direct"`` (every
+    sample in one autograd graph, the naive reference), ``chunk_size`` (default :func:`default_chunk`),
+    ``vectorize`` (default: unless a BatchNorm uses batch statistics), ``process_group`` (the ranks,
+    holding the same batch, split the M samples; one all-reduce of the value and the parameters'
+    gradients).
     ``return_stderr=True`` returns an :class:`~mcgraph.engine.stderr.MCEstimate`: the standard error
     from the per-sample values (Σf² beside Σf in the same pass; ``num_samples >= 2``; one process only).
-    ``process_group``: the ranks (holding the same batch) split the M samples; one
-    all-reduce of the value and the parameters' gradients. The other arguments are those of :func:`elbo`.
+    The other arguments are those of :func:`elbo`.
 
     Example:
         >>> import torch, mcgraph as mg
         >>> net = mg.nn.bayesify(torch.nn.Linear(3, 2))
         >>> x, y = torch.randn(4, 3), torch.tensor([0, 1, 1, 0])
-        >>> a = mg.nn.expected_data_term(net, x, y, num_samples=6, seed=0, chunk_size=4)
-        >>> b = mg.nn.expected_data_term(net, x, y, num_samples=6, seed=0, method="direct")
+        >>> a = mg.nn.expected_data_term(net, x, y, num_samples=mg.Sampling(6, chunk_size=4), seed=0)
+        >>> b = mg.nn.expected_data_term(net, x, y, num_samples=mg.Sampling(6, method="direct"), seed=0)
         >>> torch.allclose(a, b)
         True
     """
     require_bayesian(model, "mg.nn.expected_data_term", allow_none=True)
     check_batch(x, y, "mg.nn.expected_data_term")
-    seed = checks.seed("seed", seed)
-    with sharded(process_group, seed, num_samples) as (shard, seed):
-        return _expected_data_term(model, x, y, num_samples, likelihood, noise_std, seed, chunk_size, method,
-                                   vectorize, return_stderr, shard)
+    s = _as_sampling(num_samples, "num_samples")
+    _, o = resolve_sampling(s, seed=(seed, None), return_stderr=(return_stderr, False))
+    seed = checks.seed("seed", o["seed"])
+    with sharded(s.process_group, seed, s.num_samples) as (shard, seed):
+        return _expected_data_term(model, x, y, s.num_samples, likelihood, noise_std, seed, s.chunk_size,
+                                   s.method or "chunked", s.vectorize, o["return_stderr"], shard)
+
+
+def _as_sampling(value, name: str) -> Sampling:
+    """``value`` as a :class:`Sampling` (an int M, ``None`` or a Sampling); the message names ``name``."""
+    if isinstance(value, Sampling):
+        return value
+    return Sampling(checks.positive_int(name, value, allow_none=True))
 
 
 def _expected_data_term(model, x, y, num_samples, likelihood, noise_std, seed, chunk_size, method, vectorize,
@@ -256,11 +267,10 @@ def _expected_data_term(model, x, y, num_samples, likelihood, noise_std, seed, c
     return result(WholeNetworkMC.apply(spec, *inputs))
 
 
-def elbo_terms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_samples: int, dataset_size: int,
-               kl_samples: int | None = None, chunk_size: int | None = None, likelihood="categorical",
-               noise_std=1.0, kl_weight: float = 1.0, seed: int | None = None, method: str = "chunked",
-               kl_method: str = "auto", vectorize: bool | None = None, return_stderr: bool = False,
-               process_group=None, kl_process_group=_SAME) -> ELBOTerms:
+def elbo_terms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_samples: int | Sampling,
+               dataset_size: int, kl_samples: int | Sampling | None = None, seed: int | None = None,
+               kl_weight: float = 1.0, likelihood="categorical", noise_std=1.0,
+               return_stderr: bool = False) -> ELBOTerms:
     """The ELBO and its two terms; see :func:`elbo` for the arguments.
 
     ``return_stderr=True`` also fills the standard errors of :class:`ELBOTerms` (the data
@@ -275,8 +285,6 @@ def elbo_terms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_sample
         >>> bool(t.log_likelihood_stderr > 0), bool(t.kl_stderr > 0)
         (True, True)
     """
-    if kl_process_group is _SAME:
-        kl_process_group = process_group
     require_bayesian(model, "mg.nn.elbo")
     check_batch(x, y, "mg.nn.elbo")
     dataset_size = _positive_int("dataset_size", dataset_size)
@@ -285,22 +293,25 @@ def elbo_terms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_sample
                          f"{x.shape[0]}; got {dataset_size}")
     if not isinstance(kl_weight, torch.Tensor) or kl_weight.ndim == 0:
         checks.finite_float("kl_weight", kl_weight, low=0.0)
-    kl_samples = _positive_int("kl_samples", kl_samples, allow_none=True)
-    seed = checks.seed("seed", seed)
+    data, kl = _as_sampling(num_samples, "num_samples"), _as_sampling(kl_samples, "kl_samples")
+    # the KL's samples are split by the data term's group unless the KL's own Sampling says otherwise
+    kl_process_group = kl.process_group if isinstance(kl_samples, Sampling) else data.process_group
+    _, o = resolve_sampling(data, seed=(seed, None), return_stderr=(return_stderr, False))
+    seed, return_stderr, process_group = checks.seed("seed", o["seed"]), o["return_stderr"], data.process_group
+    kl_samples = kl.num_samples
     if return_stderr:
         too_few = [layer for layer in bayesian_modules(model) if (kl_samples or layer.kl_samples) < 2]
         if too_few:
             raise ValueError(f"kl_samples must be >= 2 with return_stderr=True (a KL from one sample has no variance "
                              f"to estimate); {'kl_samples is ' + str(kl_samples) if kl_samples else 'a layer was built with kl_samples=' + str(too_few[0].kl_samples)}: pass kl_samples=")
     if seed is None and (process_group is not None or kl_process_group is not None):
-        raise ValueError("seed: pass a seed with process_group / kl_process_group (the same on every rank; "
-                         "e.g. a function of the step), so that the ranks draw the same noise")
+        raise ValueError("seed: pass a seed with a process_group (the same on every rank; e.g. a function of "
+                         "the step), so that the ranks draw the same noise")
     seed = resolve_seed(seed)
-    data = expected_data_term(model, x, y, num_samples=num_samples, likelihood=likelihood, noise_std=noise_std,
-                              seed=seed, chunk_size=chunk_size, method=method, vectorize=vectorize,
-                              return_stderr=return_stderr, process_group=process_group)
-    kl_value = model_kl(model, kl_samples, seed=mix_seed(seed, 1 << 20), method=kl_method,
-                        return_stderr=return_stderr, process_group=kl_process_group)
+    data = expected_data_term(model, x, y, num_samples=data.replace(seed=None, return_stderr=False),
+                              likelihood=likelihood, noise_std=noise_std, seed=seed, return_stderr=return_stderr)
+    kl_value = model_kl(model, kl_samples, seed=kl.seed if kl.seed is not None else mix_seed(seed, 1 << 20),
+                        method=kl.method or "auto", return_stderr=return_stderr, process_group=kl_process_group)
     if not return_stderr:
         return ELBOTerms(data - kl_weight * kl_value / dataset_size, data, kl_value)
     (data, data_se, _), (kl_value, kl_se, _) = data, kl_value
@@ -309,11 +320,9 @@ def elbo_terms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_sample
                      elbo_se.detach())
 
 
-def elbo(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_samples: int, dataset_size: int,
-         kl_samples: int | None = None, chunk_size: int | None = None, likelihood="categorical",
-         noise_std=1.0, kl_weight: float = 1.0, seed: int | None = None, method: str = "chunked",
-         kl_method: str = "auto", vectorize: bool | None = None, process_group=None,
-         kl_process_group=_SAME) -> torch.Tensor:
+def elbo(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_samples: int | Sampling, dataset_size: int,
+         kl_samples: int | Sampling | None = None, seed: int | None = None, kl_weight: float = 1.0,
+         likelihood="categorical", noise_std=1.0) -> torch.Tensor:
     """Per-example ELBO of a minibatch, differentiable, memory bounded by a chunk of samples.
 
     .. math::
@@ -331,27 +340,33 @@ def elbo(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_samples: int
         model: the network (Bayesian layers anywhere; BatchNorm and biases deterministic).
         x: input batch ``(B, …)``.
         y: targets: class indices ``(B,)`` (categorical) or values (gaussian).
-        num_samples: M ≥ 1 whole-network samples of the data term.
-        dataset_size: N, the number of training examples.
-        kl_samples: M of the KL for every layer (default: each layer's ``kl_samples``).
-        chunk_size: samples per forward/backward chunk (default: :func:`default_chunk`, about
-            16 MiB of weight samples per chunk).
-        likelihood: ``"categorical"``, ``"gaussian"`` or a callable ``(output, target) -> (N,)``.
-        noise_std: τ of the Gaussian likelihood.
-        kl_weight: β.
+        num_samples: M ≥ 1 whole-network samples of the data term, or a :class:`~mcgraph.Sampling`
+            with M and how to draw them: ``method`` ``"chunked"`` (default, bounded memory) or
+            ``"direct"`` (every sample in one graph); ``chunk_size`` (default :func:`default_chunk`,
+            about 16 MiB of weight samples per chunk); ``vectorize`` (a chunk's samples in one forward;
+            default unless a BatchNorm uses batch statistics, see :func:`~mcgraph.nn.can_vectorize`);
+            ``process_group`` (ranks holding the same batch split the M samples of both terms, see
+            :mod:`mcgraph.engine.distributed`; every rank gets the full value and gradients; needs an
+            explicit ``seed``, the same on every rank).
+        dataset_size: N, the number of training examples (at least the batch size).
+        kl_samples: M of the KL for every layer (default: each layer's ``kl_samples``), or a
+            :class:`~mcgraph.Sampling` with the KL's ``method`` (the engine's: ``"auto"``,
+            ``"collapsed-exact"``, …) and ``process_group``. Under ``DistributedDataParallel`` over
+            the same ranks (each rank its own batch), pass ``kl_samples=mg.Sampling(M,
+            process_group=group)`` and a plain ``num_samples``: every rank gets the full KL and its
+            full gradient, and DDP's gradient average keeps it counted once.
         seed: noise seed (``None``: drawn from the global generator). The same seed gives
             the same value and gradients for any ``chunk_size`` and ``method``.
-        method: ``"chunked"`` (bounded memory) or ``"direct"`` (every sample in one graph).
-        kl_method: the engine's method for the KL (``"auto"``, ``"collapsed-exact"``, …).
-        vectorize: run a chunk's samples in one forward (default: unless a BatchNorm uses
-            batch statistics, see :func:`~mcgraph.nn.can_vectorize`).
-        process_group: ``None``, or a ``torch.distributed`` group whose ranks hold the same batch
-            and split the M samples of both terms (:mod:`mcgraph.engine.distributed`); every rank gets
-            the full value and gradients. Needs an explicit ``seed``, the same on every rank.
-        kl_process_group: the group that splits the KL's samples (default: ``process_group``).
-            Under ``DistributedDataParallel`` over the same ranks (each rank its own batch), pass
-            ``process_group=None, kl_process_group=group``: every rank gets the full KL and its
-            full gradient, and DDP's gradient average keeps it counted once.
+        kl_weight: β ≥ 0 (finite).
+        likelihood: ``"categorical"``, ``"gaussian"`` or a callable ``(output, target) -> (N,)``.
+        noise_std: τ of the Gaussian likelihood.
+
+    Raises:
+        ValueError: a model without Bayesian layers (``mg.nn.bayesify`` it first); ``x`` / ``y``
+            whose shapes do not fit the model (the message names them); ``dataset_size`` below
+            the batch size.
+        TypeError: a model holding another library's unconverted Bayesian layers (the message
+            names the converter).
 
     Returns:
         A 0-d tensor (use :func:`elbo_terms` for the two terms as well).
@@ -365,9 +380,7 @@ def elbo(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_samples: int
         >>> loss.backward()
     """
     return elbo_terms(model, x, y, num_samples=num_samples, dataset_size=dataset_size, kl_samples=kl_samples,
-                      chunk_size=chunk_size, likelihood=likelihood, noise_std=noise_std, kl_weight=kl_weight,
-                      seed=seed, method=method, kl_method=kl_method, vectorize=vectorize,
-                      process_group=process_group, kl_process_group=kl_process_group).elbo
+                      seed=seed, kl_weight=kl_weight, likelihood=likelihood, noise_std=noise_std).elbo
 
 
 # --------------------------------------------------------------------------- KL-weight schedules

@@ -2,7 +2,7 @@
 
 Every variational optimizer here takes the network itself (not ``model.parameters()``)
 and trains its plain layers; the learned posterior is exposed as torch distributions
-(``optimizer.posterior()``) and as a model that :func:`mcgraph.nn.predict` and the
+(``optimizer.posterior``) and as a model that :func:`mcgraph.nn.predict` and the
 metrics take unchanged (``optimizer.posterior_model()``). The SGHMC form's posterior is
 a :class:`SnapshotEnsemble`, which :func:`mcgraph.nn.predict` also takes.
 

@@ -55,7 +55,7 @@ Example:
     ...     return loss
     >>> for _ in range(4):
     ...     loss = opt.step(closure)
-    >>> sorted(opt.posterior())[:2]
+    >>> sorted(opt.posterior)[:2]
     ['0.bias', '0.weight']
 """
 

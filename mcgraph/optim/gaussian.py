@@ -300,8 +300,10 @@ class GaussianVariationalOptimizer(CountedOptimizer):
         """σ of every parameter (param-group order; ``None`` where not sampled)."""
         raise NotImplementedError
 
+    @property
     def posterior(self) -> dict[str, Normal]:
-        """The learned posterior: ``{parameter name: Normal(μ, σ)}`` for every sampled parameter.
+        """The learned posterior: ``{parameter name: Normal(μ, σ)}`` for every sampled parameter (a
+        property, as on :class:`mcgraph.nn.BayesLayer` and the interop sites).
 
         Names are those of ``model.named_parameters()``; pruned entries (spike-and-slab) have
         μ = σ = 0. Deterministic parameters (BatchNorm) are not included: their value is the
@@ -319,7 +321,7 @@ class GaussianVariationalOptimizer(CountedOptimizer):
         It plugs into :func:`mcgraph.nn.predict`, :func:`~mcgraph.nn.forward_samples`,
         :func:`~mcgraph.nn.kl` and the metrics unchanged.
         """
-        return posterior_model(self.model, self.posterior(), prior_precision=self._model_prior_precision())
+        return posterior_model(self.model, self.posterior, prior_precision=self._model_prior_precision())
 
     def _model_prior_precision(self) -> float | None:
         values = {g["prior_precision"] for g in self.param_groups if g["prior"] and "prior_precision" in g}
@@ -338,7 +340,7 @@ def posterior_model(model: nn.Module, posterior: dict[str, Normal], *, prior_pre
 
     Args:
         model: the network the posterior belongs to (its parameter names key ``posterior``).
-        posterior: ``{parameter name: Normal(μ, σ)}`` (e.g. ``VOGN.posterior()``).
+        posterior: ``{parameter name: Normal(μ, σ)}`` (e.g. ``VOGN.posterior``).
         prior_precision: δ of the prior (default 1).
 
     Example:

@@ -84,7 +84,7 @@ Example:
     ...         opt.zero_grad()
     ...         F.cross_entropy(net(x), y).backward()
     ...     opt.step()
-    >>> q = opt.posterior()                     # {"0.weight": Normal(m, σ), ...}
+    >>> q = opt.posterior                       # {"0.weight": Normal(m, σ), ...}
     >>> mg.nn.predict(opt.posterior_model(), x, num_samples=10, seed=0).shape
     torch.Size([64, 3])
 """
@@ -523,13 +523,20 @@ class IVON(CountedOptimizer):
                 out[id(p)] = named.get(id(p), f"param_groups.{gi}.params.{j}")
         return out
 
-    def posterior(self, model: nn.Module | None = None) -> dict[str, Normal]:
-        """The learned posterior: ``{parameter name: Normal(m, σ)}``, ``σ = 1/√(λ(h + δ))``.
+    @property
+    def posterior(self) -> dict[str, Normal]:
+        """The learned posterior: ``{parameter name: Normal(m, σ)}``, ``σ = 1/√(λ(h + δ))`` (a property,
+        as on :class:`mcgraph.nn.BayesLayer`).
 
-        Names are those of ``model.named_parameters()`` (``model``: the one given here or to the
-        constructor); parameters it does not hold are named ``"param_groups.<i>.params.<j>"``.
+        Names are those of the constructor's model's ``named_parameters()``; parameters it does not
+        hold (or all, when built from parameters) are named ``"param_groups.<i>.params.<j>"``
+        (:meth:`posterior_of` names them by another module).
         """
-        names = self._names(model if model is not None else self.model)
+        return self.posterior_of(self.model)
+
+    def posterior_of(self, model: nn.Module | None) -> dict[str, Normal]:
+        """:attr:`posterior` with names from ``model.named_parameters()``."""
+        names = self._names(model)
         out = {}
         for p, group in self._flat():
             mean = self._mean(p).detach().clone()
@@ -558,7 +565,7 @@ class IVON(CountedOptimizer):
         convertible = {f"{n}.{leaf}" for n, m in model.named_modules()
                        if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd)) and not isinstance(
                            m, nn.modules.conv._ConvTransposeNd) for leaf in ("weight", "bias")}
-        q = {k: v for k, v in self.posterior(model).items() if k in convertible}
+        q = {k: v for k, v in self.posterior_of(model).items() if k in convertible}
         if not q:
             raise ValueError("model: none of IVON's parameters is a weight or bias of a Linear/Conv layer of it")
         deltas = {g["ess"] * g["weight_decay"] for g in self.param_groups}

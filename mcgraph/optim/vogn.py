@@ -58,7 +58,7 @@ Example:
     ...     return loss
     >>> for _ in range(3):
     ...     loss = opt.step(closure)
-    >>> q = opt.posterior()                     # {"0.weight": Normal(μ, σ), ...}
+    >>> q = opt.posterior                       # {"0.weight": Normal(μ, σ), ...}
     >>> probs = mg.nn.predict(opt.posterior_model(), x, num_samples=10, seed=0)
     >>> probs.shape
     torch.Size([64, 3])

@@ -111,7 +111,7 @@ class StepCase(Case):
     def _data_loss(self, seed: int) -> torch.Tensor:
         import mcgraph.nn as mnn
 
-        return -mnn.expected_data_term(self.net, self.x, self.y, num_samples=1, seed=seed, method="direct")
+        return -mnn.expected_data_term(self.net, self.x, self.y, num_samples=mg.Sampling(1, method="direct"), seed=seed)
 
     @staticmethod
     def _prior(layer):
