@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mcgraph-installed
 
-.PHONY: bench test test-slow test-props-slow bench-smoke gpu-check data interop peers clean
+.PHONY: bench test test-slow test-props-slow bench-smoke gpu-check data interop peers docs clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -63,6 +63,12 @@ $(INTEROP_STAMP): $(STAMP)
 	touch $@
 
 peers: interop
+
+# The documentation site (mkdocs + mkdocs-material + mkdocstrings) into site/; warnings are errors.
+# Installs the `docs` extra into the venv when mkdocs is missing there.
+docs: $(STAMP)
+	@$(PY) -c "import mkdocs, material, mkdocstrings_handlers.python" 2>/dev/null || $(PY) -m pip install -q -e ".[docs]"
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -d site
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

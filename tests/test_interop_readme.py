@@ -1,4 +1,11 @@
-"""The README's "From other libraries" examples run, each where its library is installed."""
+"""The "From other libraries" pages (docs/interop/<library>.md) run and produce what they show.
+
+Each page's python blocks ("before" with the library's own loop, "after" with mcgraph) run in order
+in one namespace, where the library is installed; the namespace they leave must hold what the page
+claims (the converted model shares the library's Parameters, gradients landed, values are finite).
+tests/test_docs_pages.py runs the same blocks in a fresh process per page; this test checks their
+results. The README's conversion example is checked here too.
+"""
 
 import pathlib
 import re
@@ -8,20 +15,21 @@ import torch
 
 from interop_models import load_torch_uncertainty
 
-README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
-#: README subsection title -> the module its example needs.
-LIBRARY = {"bayesian-torch": "bayesian_torch", "blitz": "blitz", "torchbnn": "torchbnn",
-           "torch-uncertainty": "torch_uncertainty", "Pyro": "pyro", "TyXe": "tyxe"}
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs" / "interop"
+#: page title -> (page file, the module its examples need).
+LIBRARY = {"bayesian-torch": ("bayesian-torch.md", "bayesian_torch"), "blitz": ("blitz.md", "blitz"),
+           "torchbnn": ("torchbnn.md", "torchbnn"), "torch-uncertainty": ("torch-uncertainty.md", "torch_uncertainty"),
+           "Pyro": ("pyro.md", "pyro"), "TyXe": ("tyxe.md", "tyxe")}
 
 
 def examples() -> dict:
-    text = README.read_text()
-    section = text.split("## From other libraries", 1)[1].split("\n## ", 1)[0]
+    """Page title -> the page's python blocks joined in order."""
     found = {}
-    for title, body in re.findall(r"^### (.+?)\n(.*?)(?=^### |\Z)", section, flags=re.S | re.M):
-        blocks = re.findall(r"```python\n(.*?)```", body, flags=re.S)
-        assert len(blocks) == 1, f"README section {title!r}: expected one python block"
-        found[title.strip()] = blocks[0]
+    for title, (page, _) in LIBRARY.items():
+        blocks = re.findall(r"^```python\n(.*?)^```", (DOCS / page).read_text(), flags=re.S | re.M)
+        assert blocks, f"docs/interop/{page}: no python block"
+        found[title] = "\n".join(blocks)
     return found
 
 
@@ -40,35 +48,52 @@ def _pyro_params_finite() -> bool:
     return len(store.keys()) > 0 and all(_finite(store[k].detach()) for k in store.keys())
 
 
-#: What each example must have produced (its namespace after it ran).
+#: What each page's examples must have produced (its namespace after they ran).
 CHECKS = {
     "bayesian-torch": lambda ns: _finite(ns["loss"]) and _shares_parameters(ns)
     and ns["net"][0].rho_weight.grad is not None,
-    "blitz": lambda ns: _finite(ns["loss"]) and _finite(ns["net"][0].weight_sampler.rho.grad),
+    "blitz": lambda ns: _finite(ns["loss"]) and _finite(ns["net"][0].weight_sampler.rho.grad)
+    and ns["loss"].requires_grad is False,
     "torchbnn": lambda ns: ns["probs"].shape == (5, 3)
     and bool(torch.allclose(ns["probs"].sum(-1), torch.ones(5), atol=1e-5)) and _shares_parameters(ns),
-    "torch-uncertainty": lambda ns: ns["kl"].shape == () and _finite(ns["kl"]) and _shares_parameters(ns),
+    "torch-uncertainty": lambda ns: ns["kl"].shape == () and _finite(ns["kl"]) and _shares_parameters(ns)
+    and _finite(ns["one_sample"]),
     "Pyro": lambda ns: len(ns["losses"]) == 3 and _finite(ns["losses"]) and _pyro_params_finite(),
     "TyXe": lambda ns: _pyro_params_finite(),
 }
 
 
-def test_every_library_has_an_example():
+def test_every_library_has_a_page():
     assert set(examples()) == set(LIBRARY) == set(CHECKS)
+    index = (DOCS / "index.md").read_text()
+    for page, _ in LIBRARY.values():
+        assert f"]({page})" in index, f"docs/interop/index.md does not link {page}"
 
 
 @pytest.mark.parametrize("title", sorted(LIBRARY))
-def test_readme_example_runs(title):
+def test_library_page_examples_run(title):
     code = examples()[title]
     restore = None
     if title == "torch-uncertainty":  # its package __init__ needs lightning and torchvision: the layers alone
         _, _, restore = load_torch_uncertainty()
     else:
-        pytest.importorskip(LIBRARY[title], reason=f"{LIBRARY[title]} is not installed (`make interop`)")
-    namespace = {"__name__": "readme_example"}
+        pytest.importorskip(LIBRARY[title][1], reason=f"{LIBRARY[title][1]} is not installed (`make interop`)")
+    namespace = {"__name__": "docs_example"}
     try:
-        exec(compile(code, f"README.md ({title})", "exec"), namespace)
-        assert CHECKS[title](namespace), f"README example {title!r} ran but did not produce what it shows"
+        exec(compile(code, f"docs/interop/{LIBRARY[title][0]}", "exec"), namespace)
+        assert CHECKS[title](namespace), f"the {title} page's examples ran but did not produce what they show"
     finally:
         if restore is not None:
             restore()
+
+
+def test_readme_conversion_example():
+    """The README's one-call conversion of a bayesian-torch model trains the model's own Parameters."""
+    pytest.importorskip("bayesian_torch", reason="bayesian_torch is not installed (`make interop`)")
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Already have a bayesian-torch or blitz model?", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"^```python\n(.*?)^```", section, flags=re.S | re.M)
+    namespace = {"__name__": "readme_example"}
+    exec(compile(code, "README.md (conversion)", "exec"), namespace)
+    assert _finite(namespace["loss"]) and _shares_parameters(namespace)
+    assert namespace["net"][0].rho_weight.grad is not None
