@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from ..engine.registry import Registry
 from ..engine.noise import BlockStream, resolve_seed
 from .context import NoiseKind, bayesian_modules, capture, noise_stream, normal_draw, sample_run, window
 from .layers import SampleMode
@@ -54,8 +55,10 @@ def _gaussian(output: torch.Tensor, target: torch.Tensor, noise_std) -> torch.Te
     return ll.reshape(ll.shape[0], -1).sum(1)
 
 
-LIKELIHOODS: dict[str, Callable] = {"categorical": _categorical, "gaussian": _gaussian}
+LIKELIHOODS: Registry = Registry("likelihood")
 """``name -> fn(output (N, …), target (N, …), noise_std) -> log-likelihood per row (N,)``."""
+LIKELIHOODS.register("categorical", _categorical)
+LIKELIHOODS.register("gaussian", _gaussian)
 
 
 def log_likelihood(likelihood, output: torch.Tensor, target: torch.Tensor, noise_std=1.0) -> torch.Tensor:
