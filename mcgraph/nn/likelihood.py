@@ -27,7 +27,6 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
