@@ -377,6 +377,15 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingDiverged as e:
         print(f"mcgraph train: diverged: {e}", file=sys.stderr)
         return 3
+    except RuntimeError as e:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world == 1:
+            raise
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        print(f"mcgraph train: rank {os.environ.get('RANK', '?')} of {world}: the process group failed (another "
+              f"rank died, or did not answer within --dist-timeout {args.dist_timeout:g} s): {first}. Resume from "
+              "the last checkpoint with --resume.", file=sys.stderr)
+        return 4
     return 0
 
 
