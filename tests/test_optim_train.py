@@ -33,7 +33,7 @@ def test_vogn_cli_trains_evaluates_checkpoints_and_resumes(tmp_path):
     assert summary["optimizer"] == "vogn" and summary["bayesian"] and summary["skipped_steps"] == 0
     assert summary["test"]["num_samples"] == 8 and summary["test"]["accuracy"] > 0.5
     assert "test_accuracy" in rows[0] and rows[-1]["step"] == 2 * 12
-    state = torch.load(out / "checkpoint.pt", weights_only=False)
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
     assert state["optimizer"]["counters"]["step"] == 24
     assert mtrain.main(args + ["--epochs", "3", "--resume", str(out / "checkpoint.pt")]) == 0
     summary, rows = _read(out)
@@ -93,3 +93,42 @@ def test_vogn_on_digits_reaches_90_percent_on_three_seeds():
     acc = {arm: sum(r["test"]["accuracy"] for r in rs) / 3 for arm, rs in rows.items()}
     print(f"\ndigits, 3 seeds: VOGN accuracy {acc['vogn']:.4f} ECE {ece['vogn']:.4f}; Adam accuracy {acc['adam']:.4f} "
           f"ECE {ece['adam']:.4f}")
+
+
+RESUME = ["--model", "mlp", "--hidden", "8", "--dataset", "digits", "--batch-size", "128", "--limit-train", "512",
+          "--limit-test", "64", "--eval-samples", "2", "--periodic-eval-samples", "2", "--eval-every", "1",
+          "--no-progress", "--threads", "1", "--epochs", "3", "--keep-checkpoints", "2"]
+
+
+@pytest.mark.parametrize("extra", [
+    ["--optimizer", "adam"],
+    ["--optimizer", "vogn", "--lr", "5e-3", "--mc-samples", "2"],
+    ["--optimizer", "ivon", "--mc-samples", "2"],
+    ["--optimizer", "adaptive-vb", "--mc-samples", "2"],
+    ["--optimizer", "adaptive-vb", "--avb-form", "sghmc", "--snapshots-per-cycle", "2"],
+    ["--optimizer", "vogn", "--spike-slab", "--prune-warmup", "1"],
+], ids=["adam", "vogn", "ivon", "adaptive-vb", "sghmc", "vogn-spike-slab"])
+def test_resume_is_bitwise_exact(tmp_path, extra):
+    """Resumed from the checkpoint of epoch 1 (kept as checkpoint.pt.2), a run ends with the uninterrupted
+    run's parameters, optimizer state and snapshots bit for bit; checkpoints load with weights_only=True."""
+    from mcgraph.apps import atomic_io
+
+    ref, again = tmp_path / "ref", tmp_path / "again"
+    threads = torch.get_num_threads()
+    try:
+        assert mtrain.main(RESUME + extra + ["--out", str(ref)]) == 0
+        again.mkdir()
+        (again / "start.pt").write_bytes((ref / "checkpoint.pt.2").read_bytes())
+        assert mtrain.main(RESUME + extra + ["--out", str(again), "--resume", str(again / "start.pt")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    a, _ = atomic_io.load_checkpoint(ref / "checkpoint.pt")
+    b, _ = atomic_io.load_checkpoint(again / "checkpoint.pt")
+    assert a["epoch"] == b["epoch"] == 3 and a["step"] == b["step"]
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    flat = lambda s: [v for v in torch.utils._pytree.tree_leaves(s) if isinstance(v, torch.Tensor)]  # noqa: E731
+    assert all(torch.equal(x, y) for x, y in zip(flat(a["optimizer"]), flat(b["optimizer"])))
+    assert all(torch.equal(x, y) for x, y in zip(flat(a["snapshots"]), flat(b["snapshots"])))
+    rows = [json.loads(line) for line in (again / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [2, 3]  # a fresh directory: the resumed epochs only
