@@ -190,8 +190,8 @@ def test_train_cli_data_parallel_under_torchrun(tmp_path):
 
 @pytest.mark.slow
 def test_readme_ddp_example_runs_under_torchrun(tmp_path):
-    """The README's `ddp_bnn.py` runs as written under `torchrun --nproc-per-node 2` and learns."""
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    """The docs' `ddp_bnn.py` (docs/distributed.md) runs as written under `torchrun --nproc-per-node 2` and learns."""
+    readme = (Path(__file__).parents[1] / "docs" / "distributed.md").read_text()
     start = readme.index("```python\nimport torch, torch.distributed as dist, mcgraph as mg")
     code = readme[start + len("```python\n"):readme.index("```", start + 10)]
     script = tmp_path / "ddp_bnn.py"

@@ -11,7 +11,8 @@ from torch import nn
 import mcgraph.models as models
 from mcgraph.models import MODELS, get_model, register_model
 
-ALL_NAMES = sorted(MODELS)
+SEQUENCE_NAMES = ("lstm", "transformer")  # read images row by row: tested on their own below
+ALL_NAMES = sorted(set(MODELS) - set(SEQUENCE_NAMES))
 
 # Exact parameter counts at the default arguments (10 classes, except
 # unet3d_encoder: 2 classes, 1 channel). Published references: ResNet, VGG-BN,
@@ -92,7 +93,7 @@ def _input(name: str, batch: int = 2) -> torch.Tensor:
 
 def test_registry_holds_every_requested_model():
     expected = set(EXPECTED_PARAMS)
-    assert set(MODELS) == expected
+    assert set(MODELS) == expected | set(SEQUENCE_NAMES)
     assert expected <= set(models.__all__)
     for name in expected:
         assert getattr(models, name) is MODELS[name]
@@ -294,3 +295,19 @@ def test_unet_encoder_is_dimension_generic():
     model = models.UNetEncoder(spatial_dims=2, in_channels=3, num_classes=4, depth=2)
     assert all(not isinstance(m, nn.Conv3d) for m in model.modules())
     assert model(torch.randn(2, 3, 16, 16)).shape == (2, 4)
+
+
+@pytest.mark.parametrize("name", SEQUENCE_NAMES)
+def test_sequence_models_read_images_by_rows_and_bayesify(name):
+    import mcgraph.nn as mnn
+
+    torch.manual_seed(0)
+    net = get_model(name, num_classes=10)
+    x = torch.randn(3, 1, 28, 28)
+    assert net(x).shape == (3, 10)
+    assert get_model(name, num_classes=10, input_size=8)(torch.randn(2, 1, 8, 8)).shape == (2, 10)
+    with pytest.raises(ValueError, match="in_channels must be 1"):
+        get_model(name, in_channels=3)
+    bnn = mnn.bayesify(net, kl_samples=4)
+    assert mnn.bayesian_modules(bnn) and float(mnn.kl(bnn, seed=0)) > 0
+    assert mnn.predict(bnn, x, 4, seed=0).shape == (3, 10)

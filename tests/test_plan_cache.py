@@ -283,10 +283,10 @@ def test_readme_example_runs(capsys):
     import pathlib
     import re
 
-    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = text.split("### The plan cache", 1)[1].split("\n### ", 1)[0]
+    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "concepts.md").read_text()
+    section = text.split("## The plan cache", 1)[1].split("\n## ", 1)[0]
     (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
-    exec(compile(code, "README.md (plan cache)", "exec"), {})
+    exec(compile(code, "docs/concepts.md (plan cache)", "exec"), {})
     out = capsys.readouterr().out.splitlines()
     assert out[:2] == ["stored", "hit"] and "not stored in the plan cache" in out[3]
     assert plan_cache.info().max_size == 64

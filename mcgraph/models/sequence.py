@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ._common import check_positive_int
+from .zoo import register_model
 
 __all__ = ["LSTMClassifier", "TransformerClassifier", "lstm_classifier", "transformer_classifier",
            "as_sequence"]
@@ -98,6 +99,7 @@ class TransformerClassifier(nn.Module):
         return self.head(self.encoder(h).mean(1))
 
 
+@register_model("lstm")
 def lstm_classifier(num_classes: int = 10, in_channels: int = 1, input_size: int = 28, hidden_size: int = 64,
                     num_layers: int = 1, **kwargs) -> LSTMClassifier:
     """:class:`LSTMClassifier` (``in_channels`` must be 1: images are read row by row)."""
@@ -106,6 +108,7 @@ def lstm_classifier(num_classes: int = 10, in_channels: int = 1, input_size: int
     return LSTMClassifier(input_size, num_classes, hidden_size, num_layers, **kwargs)
 
 
+@register_model("transformer")
 def transformer_classifier(num_classes: int = 10, in_channels: int = 1, input_size: int = 28,
                            **kwargs) -> TransformerClassifier:
     """:class:`TransformerClassifier` (``in_channels`` must be 1: images are read row by row)."""
