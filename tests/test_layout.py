@@ -146,3 +146,9 @@ def test_every_package_ships_in_the_wheel():
     sources = {p.relative_to(ROOT / "mcgraph" / "engine").as_posix()
                for p in (ROOT / "mcgraph" / "engine" / "csrc").glob("*.cpp")}
     assert sources and data.get("mcgraph.engine") == ["csrc/*.cpp"], data
+
+
+def test_the_plan_does_not_reach_up_into_the_estimators():
+    """Inside the engine, classification (tuples) sits below the estimators that consume its plans."""
+    graph = _graph()
+    assert not any(t.startswith("mcgraph.engine.estimators") for t in graph["mcgraph.engine.tuples"])

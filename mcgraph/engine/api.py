@@ -13,7 +13,8 @@ from . import backend
 from .estimators import chunked_value, collapsed_value, direct_value, fused_value, statistics
 from .estimators.analytic import analytic_statistics
 from .estimators.sampling import default_chunk, samples, stream_for
-from .families import GenericForm, distribution_parameters, family_of
+from .estimators.fused import describe_body
+from .families import SamplingForm, distribution_parameters, family_of
 from .trace import floating, guarded
 from .distributed import sharded
 from . import checks
@@ -86,7 +87,13 @@ def explain(fn: Callable, dist: Distribution, *, method: str = "auto", taylor_or
         >>> print(mg.explain(lambda w: (w - 1) ** 3, q).tiers)
         (<Tier.COLLAPSED: 'collapsed'>,)
     """
-    return plan_for(fn, dist, method=method, taylor_order=taylor_order)
+    plan = plan_for(fn, dist, method=method, taylor_order=taylor_order)
+    if not isinstance(plan.form, SamplingForm):
+        return plan
+    # the fused terms' chunk body, in words (the estimators know it; the plan, a floor below, does not)
+    terms = tuple(dataclasses.replace(t, chunk_body=describe_body(plan.form, t.node))
+                  if t.tier == Tier.FUSED and t.node is not None else t for t in plan.terms)
+    return dataclasses.replace(plan, terms=terms)
 
 
 def evaluate(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size: int | None,

@@ -23,8 +23,6 @@ import enum
 import math
 from dataclasses import dataclass
 
-import torch
-
 from . import backend
 from .methods import ENGINE_METHODS, parse_method
 from .families import GenericForm, SamplingForm, is_exp
@@ -68,6 +66,8 @@ class TermPlan:
         reason: why the term is not collapsible (empty when it is).
         exact: the statistics are drawn from their exact joint law (not the same numbers as direct).
         approximate: Taylor-approximated (§4.1): the result is biased.
+        chunk_body: for fused terms in :func:`mcgraph.explain`'s plan, which chunk body the fused
+            tier runs, in words (filled by the estimators' side; empty otherwise).
     """
 
     label: str
@@ -84,6 +84,7 @@ class TermPlan:
     exact: bool = False
     approximate: bool = False
     taylor_order: int | None = None
+    chunk_body: str = ""
 
 
 @dataclass(frozen=True, eq=False)
@@ -138,10 +139,8 @@ class Plan:
                              else f"    d_P = {t.d_P}·M (grows with M)")
             if t.reason:
                 lines.append(f"    not collapsible: {t.reason}")
-            if t.tier == Tier.FUSED and t.node is not None and isinstance(self.form, SamplingForm):
-                from .estimators.fused import describe_body
-
-                lines.append(f"    chunk body: {describe_body(self.form, t.node)}")
+            if t.chunk_body:
+                lines.append(f"    chunk body: {t.chunk_body}")
             variance = _variance_line(self.form, t)
             if variance:
                 lines.append(f"    standard error: {variance}")
