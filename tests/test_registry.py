@@ -107,3 +107,9 @@ def test_family_lookup_still_follows_the_mro():
 
     assert mg.family_of(MyNormal(0.0, 1.0)).name in ("Normal", "MyNormal")
     assert mg.FAMILIES.lookup(MyNormal) is mg.FAMILIES.lookup(D.Normal)
+
+
+def test_the_training_cli_looks_optimizers_up_by_name():
+    from mcgraph.apps.optim_train import OPTIMIZER_BUILDERS, OPTIMIZERS
+
+    assert isinstance(OPTIMIZER_BUILDERS, Registry) and set(OPTIMIZER_BUILDERS) == set(OPTIMIZERS)

@@ -39,9 +39,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-__all__ = ["add_arguments", "train", "OPTIMIZERS", "build_optimizer", "predictive_model"]
+from ..engine.registry import Registry
 
-OPTIMIZERS = ("vogn", "ivon", "adaptive-vb", "adam")
+__all__ = ["add_arguments", "train", "OPTIMIZERS", "OPTIMIZER_BUILDERS", "build_optimizer", "predictive_model"]
+
+OPTIMIZERS = ("vogn", "ivon", "adaptive-vb", "adam")  # the order --help lists them (each a builder below)
 
 #: ``--lr`` when not given, per optimizer (the others use ``mcgraph train``'s default)
 DEFAULT_LR = {"ivon": 0.1}
@@ -146,49 +148,73 @@ def _spike_slab(args, model: nn.Module, n: int):
                        warmup=args.prune_warmup, exclude=tuple(args.exclude_layers))
 
 
+#: ``--optimizer`` name -> ``builder(args, model, n, batches, spike_slab) -> (optimizer, scheduler or None)``.
+OPTIMIZER_BUILDERS: Registry = Registry("training optimizer", unique=True)
+
+
 def build_optimizer(args, model: nn.Module, n: int, batches: int, spike_slab=None):
     """``(optimizer, scheduler or None)`` of ``args.optimizer`` for ``model`` and ``n`` training examples."""
-    from ..optim.adaptive_vb import AdaptiveVB
-    from ..optim.schedules import CyclicalCosineLR
-    from ..optim.sghmc import AdaptiveSGHMC
+    try:
+        builder = OPTIMIZER_BUILDERS.lookup(args.optimizer)
+    except KeyError:
+        raise ValueError(f"optimizer must be one of {tuple(OPTIMIZER_BUILDERS)}, got {args.optimizer!r}") from None
+    return builder(args, model, n, batches, spike_slab)
+
+
+def _betas(args) -> dict:
+    return {} if args.betas is None else {"betas": tuple(args.betas)}
+
+
+@OPTIMIZER_BUILDERS.register("vogn")
+def _vogn(args, model, n, batches, spike_slab):
     from ..optim.vogn import VOGN
 
-    betas = {} if args.betas is None else {"betas": tuple(args.betas)}
-    if args.optimizer == "vogn":
-        return VOGN(model, n, lr=args.lr, prior_precision=args.prior_precision, damping=args.damping,
-                    tempering=args.tempering, tempering_init=args.tempering_init,
-                    tempering_warmup_steps=args.tempering_warmup_steps, num_mc_samples=args.mc_samples,
-                    data_augmentation_factor=args.data_augmentation_factor, init_precision=args.init_precision,
-                    variant=args.vogn_variant, batchnorm_prior=args.batchnorm_prior, seed=args.seed,
-                    spike_slab=spike_slab, **betas), None
-    if args.optimizer == "ivon":
-        from ..optim.ivon import IVON
+    return VOGN(model, n, lr=args.lr, prior_precision=args.prior_precision, damping=args.damping,
+                tempering=args.tempering, tempering_init=args.tempering_init,
+                tempering_warmup_steps=args.tempering_warmup_steps, num_mc_samples=args.mc_samples,
+                data_augmentation_factor=args.data_augmentation_factor, init_precision=args.init_precision,
+                variant=args.vogn_variant, batchnorm_prior=args.batchnorm_prior, seed=args.seed,
+                spike_slab=spike_slab, **_betas(args)), None
 
-        if spike_slab is not None:
-            raise ValueError("--spike-slab: not available with --optimizer ivon (use vogn, adaptive-vb or adam)")
-        kw = {} if args.betas is None else {"beta1": args.betas[0], "beta2": args.betas[1]}
-        return IVON(model, lr=args.lr, ess=args.ess or n, hess_init=args.hess_init,
-                    weight_decay=1e-4 if args.weight_decay is None else args.weight_decay,
-                    mc_samples=args.mc_samples, hess_approx=args.hess_approx, clip_radius=args.clip_radius,
-                    seed=args.seed, **kw), None
-    if args.optimizer == "adaptive-vb" and args.avb_form == "gaussian":
+
+@OPTIMIZER_BUILDERS.register("ivon")
+def _ivon(args, model, n, batches, spike_slab):
+    from ..optim.ivon import IVON
+
+    if spike_slab is not None:
+        raise ValueError("--spike-slab: not available with --optimizer ivon (use vogn, adaptive-vb or adam)")
+    kw = {} if args.betas is None else {"beta1": args.betas[0], "beta2": args.betas[1]}
+    return IVON(model, lr=args.lr, ess=args.ess or n, hess_init=args.hess_init,
+                weight_decay=1e-4 if args.weight_decay is None else args.weight_decay,
+                mc_samples=args.mc_samples, hess_approx=args.hess_approx, clip_radius=args.clip_radius,
+                seed=args.seed, **kw), None
+
+
+@OPTIMIZER_BUILDERS.register("adaptive-vb")
+def _adaptive_vb(args, model, n, batches, spike_slab):
+    if args.avb_form == "gaussian":
+        from ..optim.adaptive_vb import AdaptiveVB
+
         return AdaptiveVB(model, n, lr=args.lr, alpha=args.alpha, precision_decay=args.precision_decay,
                           prior_precision=args.prior_precision, num_mc_samples=args.mc_samples,
                           warmup_steps=args.warmup_steps, curvature=args.curvature,
                           init_precision=args.init_precision or None, batchnorm_prior=args.batchnorm_prior,
-                          seed=args.seed, spike_slab=spike_slab, **betas), None
-    if args.optimizer == "adaptive-vb":
-        decay = args.slab_decay if spike_slab is not None else (5e-4 if args.weight_decay is None
-                                                                 else args.weight_decay)  # the slab prior on the rest
-        opt = AdaptiveSGHMC(model.parameters(), n, lr=args.lr, weight_decay=decay,
-                            temperature=args.temperature, precision_lr=args.precision_lr, seed=args.seed,
-                            spike_slab=spike_slab, **betas)
-        total = args.epochs * batches
-        cycles = min(args.cycles, total)
-        return opt, CyclicalCosineLR(opt, total, cycles, snapshots_per_cycle=args.snapshots_per_cycle)
-    if args.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=args.lr, **betas), None
-    raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {args.optimizer!r}")
+                          seed=args.seed, spike_slab=spike_slab, **_betas(args)), None
+    from ..optim.schedules import CyclicalCosineLR
+    from ..optim.sghmc import AdaptiveSGHMC
+
+    decay = args.slab_decay if spike_slab is not None else (5e-4 if args.weight_decay is None
+                                                             else args.weight_decay)  # the slab prior on the rest
+    opt = AdaptiveSGHMC(model.parameters(), n, lr=args.lr, weight_decay=decay, temperature=args.temperature,
+                        precision_lr=args.precision_lr, seed=args.seed, spike_slab=spike_slab, **_betas(args))
+    total = args.epochs * batches
+    cycles = min(args.cycles, total)
+    return opt, CyclicalCosineLR(opt, total, cycles, snapshots_per_cycle=args.snapshots_per_cycle)
+
+
+@OPTIMIZER_BUILDERS.register("adam")
+def _adam(args, model, n, batches, spike_slab):
+    return torch.optim.Adam(model.parameters(), lr=args.lr, **_betas(args)), None
 
 
 def predictive_model(optimizer, model: nn.Module, ensemble) -> tuple[nn.Module, int | None]:
