@@ -55,6 +55,7 @@ import torch
 import torch.nn.functional as F
 
 import mcgraph as mg
+from mcgraph.apps import atomic_io
 from mcgraph.apps.bench.records import git_commit
 
 SIZES = (784, 1000, 1000, 10)
@@ -381,8 +382,7 @@ def main(argv=None) -> int:
             if row is None:
                 continue
             rows.append(row)
-            with out.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+            atomic_io.append_line(out, json.dumps(row))
             err = row["rho_grad_rel_err"]
             print(f"{provider:23s} M={M:4d}  saved {row['saved_bytes'] / 2**20:9.1f} MiB  "
                   f"peak RSS {row['peak_rss_bytes'] / 2**20:9.1f} MiB  time {row['time_s']:8.3f} s"
@@ -395,8 +395,7 @@ def main(argv=None) -> int:
                 row = _run_one(args, f"interleaved:{peer}", M, 0)
                 if row is None:
                     continue
-                with out.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
+                atomic_io.append_line(out, json.dumps(row))
                 print(f"interleaved {peer:14s} M={M:4d}  {PEERS[peer]} {row['mcgraph_s']:.3f} s  {peer} "
                       f"{row['peer_s']:.3f} s  ratio {row['ratio']:.2f}x", flush=True)
     for line in summary(rows, args.samples):

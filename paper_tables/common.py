@@ -244,6 +244,7 @@ def write_index(out_dir: str | os.PathLike) -> Path:
 def write_cache(path: str | os.PathLike, obj) -> None:
     """Atomically write a run cache (JSON): an interrupted full run leaves either the previous cache or the
     new one, so the resumed run never reads half a file."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     atomic_io.write_json(path, obj, indent=1, default=str)
 
 

@@ -39,7 +39,8 @@ import mcgraph as mg
 from mcgraph.engine.noise import mix_seed
 
 from . import bnn
-from .common import TargetResult, fmt_bytes, fmt_params, load_result, log, md_table, timed, write_target
+from .common import (TargetResult, fmt_bytes, fmt_params, load_result, log, md_table, timed, write_cache,
+                     write_target)
 
 NAME = "fig1_fig6"
 TITLE = "Fig. 1 and Fig. 6: memory and time per step, direct vs grad-accum vs mcgraph"
@@ -91,7 +92,7 @@ def run(out_dir, quick: bool = False, seed: int = 0) -> dict:
                 else:
                     arch_rows = measure_arch(name, s, seed, CaseRunner, StepCase, settings)
                     cache_dir.mkdir(parents=True, exist_ok=True)
-                    cache.write_text(json.dumps({"key": key, "rows": arch_rows}, default=str))
+                    write_cache(cache, {"key": key, "rows": arch_rows})
                     log(f"{name}: " + ", ".join(f"{r['method']} {r.get('seconds') or 0:.2f} s" for r in arch_rows))
                 rows.extend(arch_rows)
         except bnn.MissingAPI as e:

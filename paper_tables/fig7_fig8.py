@@ -36,7 +36,8 @@ import numpy as np
 import torch
 
 from . import bnn
-from .common import TargetResult, fmt_bytes, load_result, log, md_table, timed, write_target
+from mcgraph.apps.atomic_io import load_checkpoint
+from .common import TargetResult, fmt_bytes, load_result, log, md_table, timed, write_cache, write_target
 
 NAME = "fig7_fig8"
 TITLE = "Fig. 7, Fig. 8, Table 2: confidence-set accuracy and size vs threshold, M = 1 / 17 / 100 (/ 1000)"
@@ -115,7 +116,7 @@ def train_and_evaluate(s: dict, M: int, seed: int, runs_dir: Path) -> dict:
     image_size = 28 if s["dataset"] == "digits" else None
     ds = load_dataset(s["dataset"], seed=seed, image_size=image_size)
     model = build_model(args, ds.input_shape, ds.num_classes)
-    state = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+    state, _ = load_checkpoint(run_dir / "checkpoint.pt", map_location="cpu")
     model.load_state_dict(state["model"])
     model.eval()
     x, y = ds.x_test, ds.y_test
@@ -133,7 +134,7 @@ def train_and_evaluate(s: dict, M: int, seed: int, runs_dir: Path) -> dict:
            "conf_size": curves.size.tolist(), "train_seconds": train_s,
            "predict_seconds": time.perf_counter() - t1, "final_kl": (summary.get("history") or [{}])[-1].get("kl"),
            "final_loss": (summary.get("history") or [{}])[-1].get("loss"), "cached": False}
-    cache.write_text(json.dumps(out, indent=1))
+    write_cache(cache, out)
     (run_dir / "checkpoint.pt").unlink(missing_ok=True)  # keep the folder small: the curves are what we use
     return out
 

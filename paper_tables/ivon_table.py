@@ -24,6 +24,7 @@ import argparse
 import hashlib
 import importlib.util
 import json
+import math
 import time
 from pathlib import Path
 
@@ -32,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from . import vogn_table as vt
-from .common import TargetResult, log, md_table, timed, write_target
+from .common import TargetResult, log, md_table, timed, write_target, write_cache
 
 NAME = "ivon_table"
 TITLE = "IVON vs Adam, ivon-opt, VOGN, BBB and MC dropout — accuracy, NLL, ECE, AUROC, time per step"
@@ -133,8 +134,7 @@ def run_arm(arm: str, s: dict, seed: int, runs_dir: Path | None = None) -> dict:
     row.update({"test": test, "train_accuracy": train_acc, "predict_seconds": time.perf_counter() - t0,
                 "skipped_steps": 0})
     if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(row, indent=1))
+        write_cache(cache, row)
     return row
 
 
@@ -229,7 +229,27 @@ def report(out_dir, result: TargetResult) -> dict:
             for arm, a in agg.items()]
     result.section("The table", md_table(("optimiser", "train / test accuracy (%)", "NLL", "ECE", "AUROC",
                                           "time per step / Adam"), rows))
-    return write_target(out_dir, result, None)
+    return write_target(out_dir, result, plot)
+
+
+def plot(result: TargetResult, path) -> None:
+    """Test accuracy, NLL, ECE and AUROC per arm (mean ± sd over seeds)."""
+    import matplotlib.pyplot as plt
+
+    agg = result.rows.get("aggregate", {})
+    arms = [a for a in ARMS if a in agg]
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.8))
+    for ax, (key, label, scale) in zip(axes, (("accuracy", "test accuracy (%)", 100), ("nll", "NLL", 1),
+                                              ("ece", "ECE", 1), ("auroc", "AUROC (errors)", 1))):
+        stats = [agg[a].get(key) or (None, None) for a in arms]
+        means = [m * scale if m is not None else math.nan for m, _ in stats]
+        sds = [sd * scale if sd is not None else 0 for _, sd in stats]
+        ax.bar([LABELS[a] for a in arms], means, yerr=sds)
+        ax.set_title(label)
+        ax.tick_params(axis="x", labelrotation=30)
+    fig.suptitle(f"{result.params['dataset']}: mean ± sd over seeds {result.seeds}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,4 +266,4 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     raise SystemExit(main())
 
-__all__ = ["run", "run_arm", "aggregate", "report", "main"]
+__all__ = ["run", "run_arm", "aggregate", "report", "plot", "main"]

@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .common import TargetResult, log, md_table, timed, write_target
+from mcgraph.apps import atomic_io
+from .common import TargetResult, log, md_table, timed, write_target, write_cache
 
 NAME = "sparse_vd_table"
 TITLE = "Seed 001: LeNet-300-100 and LeNet-5-Caffe — error, per-layer sparsity and compression of Sparse VD and ARD"
@@ -81,7 +82,7 @@ def run_one(net: str, arm: str, s: dict, seed: int, runs_dir: Path | None) -> di
     if bayesian:  # θ starts at the trained original network's weights, log σ² at −10
         if weights is None or not weights.is_file():
             run_one(net, "original", s, seed, runs_dir)
-        model.load_state_dict(torch.load(weights))
+        model.load_state_dict(torch.load(weights, weights_only=True))
         model = mnn.bayesify(model, posterior="sparse_vd", prior="log_uniform" if arm == "sparse_vd" else "ard",
                              inplace=True)
     sec = fit(model, ds.x_train, ds.y_train, bayesian=bayesian, epochs=cfg["epochs"], batch=s["batch"], lr=s["lr"],
@@ -98,10 +99,11 @@ def run_one(net: str, arm: str, s: dict, seed: int, runs_dir: Path | None) -> di
                     "nonzero": sum(int(torch.count_nonzero(w)) for w in ws)})
         if weights is not None:
             weights.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(model.state_dict(), weights)
+            with atomic_io.atomic_write(weights, "wb") as f:
+                torch.save(model.state_dict(), f)
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(row, indent=1))
+        write_cache(cache, row)
     return row
 
 

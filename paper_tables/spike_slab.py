@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import TargetResult, load_result, log, md_table, timed, write_target
+from .common import TargetResult, load_result, log, md_table, timed, write_target, write_cache
 
 NAME = "spike_slab"
 TITLE = "Seed 004: one-shot EM spike-and-slab pruning — sparse regression examples and accuracy vs sparsity"
@@ -280,8 +280,7 @@ def _cached(runs_dir: Path, name: str, key: str, compute):
         if old.get("key") == key:
             return old["value"], True
     value = compute()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"key": key, "value": value}, indent=1))
+    write_cache(path, {"key": key, "value": value})
     return value, False
 
 

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import TargetResult, load_result, log, md_table, timed, write_target
+from .common import TargetResult, load_result, log, md_table, timed, write_target, write_cache
 
 NAME = "vogn_table"
 TITLE = "Seed 003, Table 1: Adam, BBB, MC dropout and VOGN — accuracy, NLL, ECE, AUROC, time per epoch"
@@ -218,8 +218,7 @@ def run_arm(arm: str, s: dict, seed: int, runs_dir: Path | None = None) -> dict:
     row.update({"test": test, "train_accuracy": train_acc, "predict_seconds": time.perf_counter() - t0,
                 "skipped_steps": int(getattr(opt, "skipped_steps", 0))})
     if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(row, indent=1))
+        write_cache(cache, row)
     return row
 
 

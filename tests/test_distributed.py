@@ -175,6 +175,25 @@ def test_train_cli_under_torchrun_matches_one_process_and_resumes(tmp_path):
     assert summary["processes"] == 2 and [r["epoch"] for r in summary["history"]] == [1, 2]
 
 
+@pytest.mark.parametrize("extra", [
+    pytest.param((), id="samples-split"),
+    pytest.param(("--data-parallel", "2"), id="data-parallel", marks=pytest.mark.slow),
+])
+def test_a_torchrun_run_stopped_after_an_epoch_resumes_bitwise(tmp_path, extra):
+    """Under torchrun (2 ranks) a run stopped after epoch 1 and resumed from its checkpoint ends with exactly
+    the parameters of the uninterrupted 2-epoch run on the same ranks (the KL and data noise, the data
+    order and Adam's state all come back from the checkpoint)."""
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    _torchrun(2, _train_args(whole, 2, list(extra)))
+    _torchrun(2, _train_args(parts, 1, list(extra)))
+    _torchrun(2, _train_args(parts, 2, ["--resume", str(parts / "checkpoint.pt"), *extra]))
+    a = torch.load(whole / "checkpoint.pt", weights_only=True)
+    b = torch.load(parts / "checkpoint.pt", weights_only=True)
+    assert a["step"] == b["step"] == 6
+    for key, value in a["model"].items():
+        assert torch.equal(b["model"][key], value), key
+
+
 @pytest.mark.slow
 def test_train_cli_data_parallel_under_torchrun(tmp_path):
     """--data-parallel 2 on 2 ranks (each its half of every batch, DDP) and 1 x 2 on 4 ranks run,

@@ -6,6 +6,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Iterable
 
+from .. import atomic_io
 from .measure import format_bytes, format_seconds
 from .records import Row
 from .workloads import ALL_METHODS
@@ -424,7 +425,7 @@ def write_all(rows: list[Row], meta: dict, out_dir: str | Path, notes: dict | No
     paths = {"csv": write_csv(rows, out_dir / "rows.csv"), "json": write_json(rows, meta, out_dir / "rows.json")}
     names = plot(rows, out_dir) if plots else []
     md = out_dir / "summary.md"
-    md.write_text(markdown(rows, meta, targets, names, notes))
+    atomic_io.write_text(md, markdown(rows, meta, targets, names, notes))
     paths["markdown"] = md
     paths["plots"] = [out_dir / n for n in names]
     return paths
