@@ -33,15 +33,15 @@ from __future__ import annotations
 import argparse
 import sys
 import math
-import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from ..engine.registry import Registry
+from .training_run import StepResult
 
-__all__ = ["add_arguments", "train", "OPTIMIZERS", "OPTIMIZER_BUILDERS", "build_optimizer", "predictive_model"]
+__all__ = ["add_arguments", "OptimizerTraining", "OPTIMIZERS", "OPTIMIZER_BUILDERS", "build_optimizer", "predictive_model"]
 
 OPTIMIZERS = ("vogn", "ivon", "adaptive-vb", "adam")  # the order --help lists them (each a builder below)
 
@@ -282,153 +282,136 @@ def _loss_step(kind: str, optimizer, closure, spike_slab, on_nonfinite: str = "s
     return loss.detach()
 
 
-def train(args) -> dict:
-    """Train ``args.model`` with ``args.optimizer`` (see the module docstring); returns the summary dict."""
-    from . import atomic_io, training_run as base
-    from ..optim.snapshots import SnapshotEnsemble
+class OptimizerTraining:
+    """The plain network of ``--model`` trained by ``--optimizer`` on cross-entropy (one of the two methods
+    the training loop of :mod:`.train` runs; the other is :class:`~mcgraph.apps.elbo_training.ElboTraining`)."""
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if isinstance(args.lr, _DefaultLR) and args.optimizer in DEFAULT_LR:
-        args.lr = DEFAULT_LR[args.optimizer]
-    args.lr = float(args.lr)
-    torch.manual_seed(args.seed)
-    device = torch.device(args.device)
-    ds, (x_train, y_train), (x_test, y_test), (x_eval, y_eval) = base.load_splits(args)
-    plain = argparse.Namespace(**{**vars(args), "deterministic": True})
-    model = base.build_model(plain, ds.input_shape, ds.num_classes).to(device)
-    n_train = x_train.shape[0]
-    batches = math.ceil(n_train / args.batch_size)
-    spike_slab = _spike_slab(args, model, n_train)
-    optimizer, scheduler = build_optimizer(args, model, n_train, batches, spike_slab)
-    kind = args.optimizer if not (args.optimizer == "adaptive-vb") else f"adaptive-vb-{args.avb_form}"
-    ensemble = SnapshotEnsemble(model) if kind == "adaptive-vb-sghmc" else None
+    def __init__(self, args, ds, n_train: int, batches: int, device, ranks):
+        from ..optim.snapshots import SnapshotEnsemble
+        from .training_run import build_model
 
-    out = Path(args.out or f"runs/{args.model}-{args.dataset}-{args.optimizer}-{time.strftime('%Y%m%d-%H%M%S')}")
-    out.mkdir(parents=True, exist_ok=True)
-    start_epoch, step, data_rng = 0, 0, None
-    if args.resume:
-        state, used = base.load_resume(args, model, optimizer, device)
-        data_rng = state.get("data_rng")
-        if scheduler is not None and state.get("scheduler") is not None:
-            scheduler.load_state_dict(state["scheduler"])
-        if spike_slab is not None and state.get("spike_slab") is not None:
-            spike_slab.load_state_dict(state["spike_slab"])
-        if ensemble is not None and state.get("snapshots"):
-            ensemble.snapshots = list(state["snapshots"])
-        start_epoch, step = int(state["epoch"]), int(state["step"])
-        base.log(f"resumed from {used} at epoch {start_epoch}")
-    n_params = sum(p.numel() for p in model.parameters())
-    base.log(f"{args.optimizer}{'/' + args.avb_form if args.optimizer == 'adaptive-vb' else ''} on {args.model} / "
-              f"{args.dataset}: {n_params:,} parameters, {n_train} training examples, {batches} batches/epoch"
-              f"{' + spike-and-slab EM' if spike_slab else ''} -> {out}")
+        if isinstance(args.lr, _DefaultLR) and args.optimizer in DEFAULT_LR:
+            args.lr = DEFAULT_LR[args.optimizer]
+        args.lr = float(args.lr)
+        self.args, self.device = args, device
+        plain = argparse.Namespace(**{**vars(args), "deterministic": True})
+        self.model = build_model(plain, ds.input_shape, ds.num_classes).to(device)
+        self.spike_slab = _spike_slab(args, self.model, n_train)
+        self.optimizer, self.scheduler = build_optimizer(args, self.model, n_train, batches, self.spike_slab)
+        self.kind = args.optimizer if args.optimizer != "adaptive-vb" else f"adaptive-vb-{args.avb_form}"
+        self.ensemble = SnapshotEnsemble(self.model) if self.kind == "adaptive-vb-sghmc" else None
+        self.bayesian = self.kind != "adam"
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.default_out = f"runs/{args.model}-{args.dataset}-{args.optimizer}-"
 
-    gen, history, log_path = base.resume_log(args, out, start_epoch, n_train, data_rng=data_rng)
-    t_train = sum(r.get("time_s", 0.0) for r in history)
-    loss_fn = nn.CrossEntropyLoss()
-    for epoch in range(start_epoch, args.epochs):
-        if scheduler is None:
-            for group in optimizer.param_groups:
-                group["lr"] = args.lr * args.lr_decay ** epoch
-        if spike_slab is not None:
-            spike_slab.update(epoch)
-        model.train()
-        perm = torch.randperm(n_train, generator=gen)
-        bar = base.Progress(batches, f"epoch {epoch + 1}/{args.epochs}", not args.no_progress)
-        t0 = time.perf_counter()
-        total = 0.0
-        for b in range(batches):
-            idx = perm[b * args.batch_size:(b + 1) * args.batch_size]
-            xb, yb = x_train[idx].to(device), y_train[idx].to(device)
+    @property
+    def skipped(self) -> int:
+        return int(getattr(self.optimizer, "skipped_steps", 0))
 
-            def closure(step=step):
-                optimizer.zero_grad(set_to_none=True)
-                loss = loss_fn(model(xb), yb)
-                if base.fault_nonfinite(step + 1) is not None:  # test hook
-                    loss = loss + math.inf
-                if args.on_nonfinite == "stop":
-                    base.check_finite(step + 1, data_term=loss)
-                loss.backward()
-                if args.on_nonfinite == "stop":
-                    bad = base.check_finite_grads(step + 1, model)
-                    if bad:
-                        raise base.TrainingDiverged(f"step {step + 1}: the gradient of {bad[:5]} is not finite "
-                                                    f"(the data term, {float(loss.detach()):.6g}, is); nothing "
-                                                    "was written")
-                return loss
+    def describe(self) -> str:
+        args = self.args
+        return (f"{args.optimizer}{'/' + args.avb_form if args.optimizer == 'adaptive-vb' else ''} on {args.model}"
+                f"{' + spike-and-slab EM' if self.spike_slab else ''}")
 
-            loss = _loss_step(kind, optimizer, closure, spike_slab, args.on_nonfinite)
-            if scheduler is not None:
-                if scheduler.is_snapshot_step(step):
-                    ensemble.add()
-                scheduler.step()
-            step += 1
-            total += float(loss)
-            bar.update(loss=total / (b + 1))
-        bar.close()
-        t_epoch = time.perf_counter() - t0
-        t_train += t_epoch
-        row = {"epoch": epoch + 1, "step": step, "time_s": t_epoch, "loss": total / batches, "train_nll": total / batches,
-               "kl": 0.0, "lr": optimizer.param_groups[0]["lr"],
-               "skipped_steps": int(getattr(optimizer, "skipped_steps", 0))}
-        if spike_slab is not None:
-            row["sparsity"] = spike_slab.sparsity()["sparsity"]
-        last = epoch + 1 == args.epochs
-        if args.eval_every and ((epoch + 1) % args.eval_every == 0) and not last:
-            split = "val" if ds.x_val is not None else "test"
-            predictor, exact = predictive_model(optimizer, model, ensemble)
-            ev = _evaluate(predictor, exact, x_eval, y_eval, args.periodic_eval_samples, args.eval_batch_size, device,
-                           args.seed)
-            model.train()
-            row.update({f"{split}_{k}": v for k, v in ev.items() if k not in ("examples", "num_samples")})
-            base.log(f"epoch {epoch + 1}: loss {row['loss']:.4f}  {split} acc {ev['accuracy']:.4f}  nll "
-                      f"{ev['nll']:.4f}  ece {ev['ece']:.4f}  ({t_epoch:.1f} s)")
-        else:
-            base.log(f"epoch {epoch + 1}: loss {row['loss']:.4f}  ({t_epoch:.1f} s)")
-        history.append(row)
-        base.append_metrics(log_path, history)
-        if args.checkpoint_every and ((epoch + 1) % args.checkpoint_every == 0 or last):
-            _checkpoint(out / "checkpoint.pt", model, optimizer, scheduler, spike_slab, ensemble, epoch + 1, step, args,
-                        gen)
+    # ------------------------------------------------------------------ checkpoints
 
-    t0 = time.perf_counter()
-    predictor, exact = predictive_model(optimizer, model, ensemble)
-    test = _evaluate(predictor, exact, x_test, y_test, args.eval_samples, args.eval_batch_size, device, args.seed)
-    with torch.no_grad():
-        model.eval()
-        mean_probs = torch.cat([torch.softmax(model(x_test[i:i + args.eval_batch_size].to(device)), -1).cpu()
-                                for i in range(0, x_test.shape[0], args.eval_batch_size)])
-    test["accuracy_mean_weights"] = float((mean_probs.argmax(-1) == y_test).double().mean())
-    summary = {
-        "model": args.model, "dataset": args.dataset, "bayesian": kind != "adam", "optimizer": args.optimizer,
-        "form": args.avb_form if args.optimizer == "adaptive-vb" else None,
-        "posterior": {"vogn": "normal (VOGN)", "ivon": "normal (IVON)", "adaptive-vb-gaussian": "normal (adaptive VB)",
-                      "adaptive-vb-sghmc": f"snapshot ensemble ({len(ensemble) if ensemble else 0})",
-                      "adam": None}[kind],
-        "prior": None if kind == "adam" else ("spike-and-slab" if spike_slab else
-                                              f"normal(precision={_ivon_prior(optimizer)})" if kind == "ivon" else
-                                              f"normal(δ={args.prior_precision})"),
-        "kl_samples": None, "epochs": args.epochs, "steps": step, "parameters": n_params, "train_examples": n_train,
-        "train_time_s": t_train, "eval_time_s": time.perf_counter() - t0,
-        "skipped_steps": int(getattr(optimizer, "skipped_steps", 0)),
-        "test": test, "history": history, "config": vars(args), "out": str(out),
-    }
-    if spike_slab is not None:
-        from ..optim.shrink import shrink
+    def checkpoint_extra(self) -> dict:
+        return {"scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+                "spike_slab": None if self.spike_slab is None else self.spike_slab.state_dict(),
+                "snapshots": None if self.ensemble is None else self.ensemble.snapshots}
 
-        small, report = shrink(model.eval(), x_test[:2].to(device))
-        summary["sparsity"] = spike_slab.sparsity()
-        summary["shrink"] = {k: v for k, v in report.items() if k != "selected"}
-        with atomic_io.atomic_write(out / "pruned_model.pt") as f:
-            torch.save(small, f)  # a whole module (read it with weights_only=False, only if you trust it)
-    if not args.checkpoint_every:
-        _checkpoint(out / "checkpoint.pt", model, optimizer, scheduler, spike_slab, ensemble, args.epochs, step, args,
-                    gen)
-    atomic_io.write_json(out / "summary.json", summary, indent=2, default=str)
-    atomic_io.write_text(out / "summary.md", _markdown(summary))
-    base.log(f"test: accuracy {test['accuracy']:.4f}  NLL {test['nll']:.4f}  ECE {test['ece']:.4f}  "
-              f"Brier {test['brier']:.4f}  -> {out / 'summary.md'}")
-    return summary
+    def load_extra(self, state: dict) -> None:
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if self.spike_slab is not None and state.get("spike_slab") is not None:
+            self.spike_slab.load_state_dict(state["spike_slab"])
+        if self.ensemble is not None and state.get("snapshots"):
+            self.ensemble.snapshots = list(state["snapshots"])
+
+    # ------------------------------------------------------------------ one epoch
+
+    def begin_epoch(self, epoch: int) -> None:
+        if self.scheduler is None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.args.lr * self.args.lr_decay ** epoch
+        if self.spike_slab is not None:
+            self.spike_slab.update(epoch)
+
+    def step(self, xb, yb, step: int, first: bool, say) -> StepResult:
+        from . import training_run as base
+
+        args, model, optimizer = self.args, self.model, self.optimizer
+
+        def closure(step=step):
+            optimizer.zero_grad(set_to_none=True)
+            loss = self.loss_fn(model(xb), yb)
+            if base.fault_nonfinite(step + 1) is not None:  # test hook
+                loss = loss + math.inf
+            if args.on_nonfinite == "stop":
+                base.check_finite(step + 1, data_term=loss)
+            loss.backward()
+            if args.on_nonfinite == "stop":
+                bad = base.check_finite_grads(step + 1, model)
+                if bad:
+                    raise base.TrainingDiverged(f"step {step + 1}: the gradient of {bad[:5]} is not finite "
+                                                f"(the data term, {float(loss.detach()):.6g}, is); nothing "
+                                                "was written")
+            return loss
+
+        loss = float(_loss_step(self.kind, optimizer, closure, self.spike_slab, args.on_nonfinite))
+        if self.scheduler is not None:
+            if self.scheduler.is_snapshot_step(step):
+                self.ensemble.add()
+            self.scheduler.step()
+        return StepResult(loss, loss)
+
+    def epoch_extra(self, epoch: int, log) -> dict:
+        return {} if self.spike_slab is None else {"sparsity": self.spike_slab.sparsity()["sparsity"]}
+
+    # ------------------------------------------------------------------ evaluation and summary
+
+    def evaluate(self, x, y, num_samples: int) -> dict:
+        predictor, exact = predictive_model(self.optimizer, self.model, self.ensemble)
+        return _evaluate(predictor, exact, x, y, num_samples, self.args.eval_batch_size, self.device, self.args.seed)
+
+    def after_evaluation(self) -> None:
+        self.model.train()
+
+    def summary_extra(self) -> dict:
+        args, kind, optimizer = self.args, self.kind, self.optimizer
+        return {
+            "bayesian": self.bayesian, "optimizer": args.optimizer,
+            "form": args.avb_form if args.optimizer == "adaptive-vb" else None,
+            "posterior": {"vogn": "normal (VOGN)", "ivon": "normal (IVON)", "adaptive-vb-gaussian": "normal (adaptive VB)",
+                          "adaptive-vb-sghmc": f"snapshot ensemble ({len(self.ensemble) if self.ensemble else 0})",
+                          "adam": None}[kind],
+            "prior": None if kind == "adam" else ("spike-and-slab" if self.spike_slab else
+                                                  f"normal(precision={_ivon_prior(optimizer)})" if kind == "ivon" else
+                                                  f"normal(δ={args.prior_precision})"),
+            "kl_samples": None, "skipped_steps": self.skipped,
+        }
+
+    def finish(self, summary: dict, out, x_test, y_test) -> None:
+        """The test accuracy of the mean weights; with spike-and-slab, the shrunk network."""
+        from . import atomic_io
+
+        args, model, device = self.args, self.model, self.device
+        with torch.no_grad():
+            model.eval()
+            mean_probs = torch.cat([torch.softmax(model(x_test[i:i + args.eval_batch_size].to(device)), -1).cpu()
+                                    for i in range(0, x_test.shape[0], args.eval_batch_size)])
+        test = summary["test"]
+        test["accuracy_mean_weights"] = float((mean_probs.argmax(-1) == y_test).double().mean())
+        if self.spike_slab is not None:
+            from ..optim.shrink import shrink
+
+            small, report = shrink(model.eval(), x_test[:2].to(device))
+            summary["sparsity"] = self.spike_slab.sparsity()
+            summary["shrink"] = {k: v for k, v in report.items() if k != "selected"}
+            with atomic_io.atomic_write(out / "pruned_model.pt") as f:
+                torch.save(small, f)  # a whole module (read it with weights_only=False, only if you trust it)
+
+    markdown = staticmethod(lambda s: _markdown(s))
 
 
 def _ivon_prior(optimizer) -> float:

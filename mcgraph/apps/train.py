@@ -46,18 +46,13 @@ import time
 from pathlib import Path
 
 import torch
-from torch import nn
 
-from . import launch
+from . import atomic_io, launch
 from ..metrics import prediction_metrics
 from .data import DATASETS
 from ..models import MODELS
-from ..engine.noise import mix_seed
-from ..engine.options import Sampling
-from . import atomic_io
 from .training_run import (Progress, TrainingDiverged, add_checkpoint_arguments, append_metrics, build_model,
-                           check_finite, check_finite_grads, evaluate, family_options, fault_nonfinite, is_bayesian,
-                           load_resume, load_splits, log, mlp, resume_log, save_checkpoint)
+                           evaluate, load_resume, load_splits, log, mlp, resume_log, save_checkpoint)
 
 __all__ = ["main", "build_parser", "build_model", "mlp", "evaluate", "prediction_metrics", "load_splits", "train"]
 
@@ -149,16 +144,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def train(args) -> dict:
-    """Run the training of ``args`` (from :func:`build_parser`); returns the summary dict."""
-    import mcgraph.nn as mnn
+    """Run the training of ``args`` (from :func:`build_parser`); returns the summary dict.
 
-    if getattr(args, "optimizer", None):
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            raise ValueError("--optimizer: the optimizer training path runs in one process; under torchrun use "
-                             "the ELBO training (no --optimizer), or mcgraph.optim's process_group= in Python")
-        from .optim_train import train as train_with_optimizer
+    One loop for every way of training: the method is :class:`~mcgraph.apps.elbo_training.ElboTraining`
+    (the bayesified network on the ELBO), or, with ``--optimizer NAME``,
+    :class:`~mcgraph.apps.optim_train.OptimizerTraining` with the optimizer registered under ``NAME``
+    (:data:`~mcgraph.apps.optim_train.OPTIMIZER_BUILDERS`). The loop owns the data order, progress,
+    evaluation, metrics, checkpoints (atomic; ``--resume`` continues bit for bit) and the summary.
+    """
+    from .elbo_training import ElboTraining
+    from .optim_train import OptimizerTraining
 
-        return train_with_optimizer(args)
+    if args.optimizer and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError("--optimizer: the optimizer training path runs in one process; under torchrun use "
+                         "the ELBO training (no --optimizer), or mcgraph.optim's process_group= in Python")
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -166,112 +165,62 @@ def train(args) -> dict:
     ranks = launch.ranks_from_env(device, getattr(args, "data_parallel", 1),
                                   getattr(args, "dist_timeout", launch.DEFAULT_TIMEOUT_S))
     ds, (x_train, y_train), (x_test, y_test), (x_eval, y_eval) = load_splits(args)
-
-    model = build_model(args, ds.input_shape, ds.num_classes).to(device)
-    bayes = is_bayesian(model)
-    trained = ranks.wrap(model)  # DistributedDataParallel over the data group, or the model itself
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     n_train = x_train.shape[0]
     batches = math.ceil(n_train / args.batch_size)
-    warmup = max(1, int(round(args.warmup_epochs * batches)))
-    schedule = mnn.kl_schedule(args.kl_schedule, num_batches=batches, warmup_steps=warmup, weight=args.kl_weight)
+    method = (OptimizerTraining if args.optimizer else ElboTraining)(args, ds, n_train, batches, device, ranks)
+    model, optimizer = method.model, method.optimizer
 
-    default_out = f"runs/{args.model}-{args.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
-    out = Path(args.out or ranks.broadcast_text(default_out))
+    out = Path(args.out or ranks.broadcast_text(method.default_out + time.strftime("%Y%m%d-%H%M%S")))
     if ranks.is_main:
         out.mkdir(parents=True, exist_ok=True)
     ranks.barrier()
-    start_epoch, step, data_rng, skipped = 0, 0, None, 0
+    start_epoch, step, data_rng = 0, 0, None
     if args.resume:
         state, used = load_resume(args, model, optimizer, device)
-        start_epoch, step = int(state["epoch"]), int(state["step"])
-        data_rng, skipped = state.get("data_rng"), int(state.get("skipped_steps", 0))
+        method.load_extra(state)
+        start_epoch, step, data_rng = int(state["epoch"]), int(state["step"]), state.get("data_rng")
         if ranks.is_main:
             log(f"resumed from {used} at epoch {start_epoch}")
     n_params = sum(p.numel() for p in model.parameters())
     say = log if ranks.is_main else (lambda msg: None)
-    say(f"{'BNN' if bayes else 'deterministic'} {args.model} on {args.dataset}: {n_params:,} parameters, "
-        f"{n_train} training examples, {batches} batches/epoch -> {out}" + ranks.describe())
+    say(f"{method.describe()} on {args.dataset}: {n_params:,} parameters, {n_train} training examples, "
+        f"{batches} batches/epoch -> {out}" + ranks.describe())
 
     gen, history, log_path = resume_log(args, out, start_epoch, n_train, write=ranks.is_main, data_rng=data_rng)
     t_train = sum(r.get("time_s", 0.0) for r in history)
     for epoch in range(start_epoch, args.epochs):
-        for group in optimizer.param_groups:
-            group["lr"] = args.lr * args.lr_decay ** epoch
+        method.begin_epoch(epoch)
         model.train()
         perm = torch.randperm(n_train, generator=gen)
         bar = Progress(batches, f"epoch {epoch + 1}/{args.epochs}", not args.no_progress and ranks.is_main)
         t0 = time.perf_counter()
-        sums = {"loss": 0.0, "nll": 0.0, "kl": 0.0, "correct": 0}
+        sums = {"loss": 0.0, "nll": 0.0, "kl": 0.0}
         for b in range(batches):
             idx = ranks.shard(perm[b * args.batch_size:(b + 1) * args.batch_size])
             xb, yb = x_train[idx].to(device), y_train[idx].to(device)
-            optimizer.zero_grad(set_to_none=True)
-            if bayes:
-                # standard errors of the epoch's first step (one process: they are not all-reduced)
-                probe = b == 0 and not args.no_stderr and ranks.world is None
-                data_sampling = Sampling(args.train_samples, chunk_size=args.chunk_size, process_group=ranks.samples)
-                kl_sampling = Sampling(None, method=args.kl_method, process_group=ranks.world)
-                terms = mnn.elbo_terms(trained, xb, yb, num_samples=data_sampling, dataset_size=n_train,
-                                       kl_samples=kl_sampling, kl_weight=schedule(step),
-                                       seed=mix_seed(args.seed + 1, step),
-                                       return_stderr=probe and args.train_samples > 1)
-                loss = -terms.elbo
-                nll_b, kl_b = -terms.log_likelihood.detach(), terms.kl.detach()
-                kl_term = loss.detach() - nll_b  # the weighted KL as it enters the loss
-                if probe:
-                    stderr = _step_stderr(model, terms, args)
-            else:
-                logits = trained(xb)
-                loss = nn.functional.cross_entropy(logits, yb)
-                nll_b, kl_b = loss.detach(), torch.zeros(())
-                kl_term = kl_b
-                sums["correct"] += int((logits.argmax(-1) == yb).sum())
-            poison = fault_nonfinite(step + 1)
-            if poison is not None:  # test hook: this term goes non-finite at this step
-                nll_b, kl_term = (nll_b + math.inf, kl_term) if poison == "data" else (nll_b, kl_term + math.nan)
-                loss = loss + (math.inf if poison == "data" else math.nan)
-            if not bool(torch.isfinite(loss.detach())):
-                if args.on_nonfinite == "stop":
-                    check_finite(step + 1, data_term=nll_b, KL_term=kl_term, loss=loss)
-                skipped += 1
-                say(f"step {step + 1}: non-finite loss; the step was skipped (--on-nonfinite skip)")
-                step += 1
-                continue
-            loss.backward()
-            bad = check_finite_grads(step + 1, model)
-            if bad:
-                if args.on_nonfinite == "stop":
-                    raise TrainingDiverged(f"step {step + 1}: the gradient of {bad[:5]} is not finite (the loss, "
-                                           f"{float(loss.detach()):.6g}, is); nothing was written")
-                skipped += 1
-                say(f"step {step + 1}: non-finite gradient of {bad[:5]}; the step was skipped")
-                optimizer.zero_grad(set_to_none=True)
-                step += 1
-                continue
-            optimizer.step()
+            result = method.step(xb, yb, step, b == 0, say)
             step += 1
-            sums["loss"] += float(loss.detach())
-            sums["nll"] += float(nll_b)
-            sums["kl"] += float(kl_b)
-            bar.update(loss=sums["loss"] / (b + 1), nll=sums["nll"] / (b + 1), kl=float(kl_b))
+            if result is None:  # skipped (--on-nonfinite skip)
+                continue
+            sums["loss"] += result.loss
+            sums["nll"] += result.nll
+            sums["kl"] += result.kl
+            bar.update(loss=sums["loss"] / (b + 1), nll=sums["nll"] / (b + 1), kl=result.kl)
         bar.close()
         t_epoch = time.perf_counter() - t0
         t_train += t_epoch
         row = {"epoch": epoch + 1, "step": step, "time_s": t_epoch, "loss": sums["loss"] / batches,
                "train_nll": sums["nll"] / batches, "kl": sums["kl"] / batches,
-               "lr": optimizer.param_groups[0]["lr"], "skipped_steps": skipped}
-        if bayes and not args.no_stderr and ranks.world is None:
-            row.update(stderr)
-            log(f"epoch {epoch + 1} first step: " + ", ".join(f"{k} {v:.4g}" for k, v in stderr.items()))
+               "lr": optimizer.param_groups[0]["lr"], "skipped_steps": method.skipped}
+        row.update(method.epoch_extra(epoch, log))
         last = epoch + 1 == args.epochs
         if args.eval_every and ((epoch + 1) % args.eval_every == 0) and not last:
             split = "val" if ds.x_val is not None else "test"
-            ev = evaluate(model, x_eval, y_eval, args.periodic_eval_samples, args.eval_batch_size, device,
-                          ranks.world)
+            ev = method.evaluate(x_eval, y_eval, args.periodic_eval_samples)
+            method.after_evaluation()
             row.update({f"{split}_{k}": v for k, v in ev.items() if k not in ("examples", "num_samples")})
             say(f"epoch {epoch + 1}: loss {row['loss']:.4f}  kl {row['kl']:.4g}  {split} acc "
-                 f"{ev['accuracy']:.4f}  nll {ev['nll']:.4f}  ece {ev['ece']:.4f}  ({t_epoch:.1f} s)")
+                f"{ev['accuracy']:.4f}  nll {ev['nll']:.4f}  ece {ev['ece']:.4f}  ({t_epoch:.1f} s)")
         else:
             say(f"epoch {epoch + 1}: loss {row['loss']:.4f}  kl {row['kl']:.4g}  ({t_epoch:.1f} s)")
         history.append(row)
@@ -279,78 +228,26 @@ def train(args) -> dict:
             append_metrics(log_path, history)
         if args.checkpoint_every and ((epoch + 1) % args.checkpoint_every == 0 or last) and ranks.is_main:
             save_checkpoint(out / "checkpoint.pt", model, optimizer, epoch + 1, step, args, generator=gen,
-                            skipped_steps=skipped)
+                            **method.checkpoint_extra())
         ranks.barrier()
 
     t0 = time.perf_counter()
-    test = evaluate(model, x_test, y_test, args.eval_samples, args.eval_batch_size, device, ranks.world)
-    summary = {
-        "model": args.model, "dataset": args.dataset, "bayesian": bayes,
-        "posterior": None if args.deterministic else args.posterior,
-        "prior": None if args.deterministic else args.prior or family_options(args.posterior)[0],
-        "kl_samples": None if args.deterministic else args.kl_samples,
-        "epochs": args.epochs, "steps": step, "parameters": n_params, "train_examples": n_train,
-        "train_time_s": t_train, "eval_time_s": time.perf_counter() - t0,
-        "test": test, "history": history, "config": vars(args), "out": str(out),
-    }
-    summary["processes"] = ranks.size
+    test = method.evaluate(x_test, y_test, args.eval_samples)
+    summary = {"model": args.model, "dataset": args.dataset, **method.summary_extra(), "epochs": args.epochs,
+               "steps": step, "parameters": n_params, "train_examples": n_train, "train_time_s": t_train,
+               "eval_time_s": time.perf_counter() - t0, "test": test, "history": history, "config": vars(args),
+               "out": str(out)}
     if ranks.is_main:
+        method.finish(summary, out, x_test, y_test)
         if not args.checkpoint_every:
             save_checkpoint(out / "checkpoint.pt", model, optimizer, args.epochs, step, args, generator=gen,
-                            skipped_steps=skipped)
+                            **method.checkpoint_extra())
         atomic_io.write_json(out / "summary.json", summary, indent=2, default=str)
-        atomic_io.write_text(out / "summary.md", _markdown(summary))
+        atomic_io.write_text(out / "summary.md", method.markdown(summary))
     ranks.barrier()
     say(f"test: accuracy {test['accuracy']:.4f}  NLL {test['nll']:.4f}  ECE {test['ece']:.4f}  "
-         f"Brier {test['brier']:.4f}  -> {out / 'summary.md'}")
+        f"Brier {test['brier']:.4f}  -> {out / 'summary.md'}")
     return summary
-
-
-def _step_stderr(model, terms, args) -> dict:
-    """Monte Carlo standard errors of one step's data term and KL, and the KL samples for 1 % error.
-
-    With ``--train-samples 1`` the data term has no variance estimate and is left out; the KL's
-    standard error then comes from one more KL evaluation (no graph) at the step's parameters.
-    """
-    import mcgraph.nn as mnn
-    from ..engine.stderr import MCEstimate
-
-    out = {}
-    if terms.kl_stderr is not None:
-        out["data_term_stderr"] = float(terms.log_likelihood_stderr)
-        kl, kl_se = terms.kl.detach(), terms.kl_stderr
-    elif min((m.kl_samples for m in mnn.bayesian_modules(model)), default=0) > 1 and args.kl_samples > 1:
-        with torch.no_grad():
-            kl, kl_se, _ = mnn.kl(model, args.kl_samples, method=args.kl_method, return_stderr=True)
-    else:
-        return out
-    out["kl_stderr"] = float(kl_se)
-    if float(kl_se) > 0 and float(kl) != 0:
-        out["kl_samples_for_1pct"] = MCEstimate(kl, kl_se, args.kl_samples).required_samples(0.01)
-    return out
-
-
-def _markdown(s: dict) -> str:
-    t = s["test"]
-    kind = (f"Bayesian ({s['posterior']} posterior, {s['prior']} prior, {s['kl_samples']} KL samples)"
-            if s["bayesian"] else "deterministic")
-    lines = [
-        f"# {s['model']} on {s['dataset']}", "",
-        f"{kind}; {s['parameters']:,} parameters; {s['epochs']} epochs ({s['steps']} steps) on "
-        f"{s['train_examples']:,} examples in {s['train_time_s']:.1f} s.", "",
-        f"Test set ({t['examples']:,} examples, {t['num_samples']} predictive samples):", "",
-        "| metric | value |", "| --- | --- |",
-        f"| accuracy | {t['accuracy']:.4f} |",
-        f"| NLL | {t['nll']:.4f} |",
-        f"| ECE (15 bins) | {t['ece']:.4f} |",
-        f"| Brier | {t['brier']:.4f} |",
-        f"| mean predictive entropy | {t['entropy']:.4f} |",
-    ]
-    if "accuracy_mean_weights" in t:
-        lines.append(f"| accuracy (posterior-mean weights) | {t['accuracy_mean_weights']:.4f} |")
-    lines += ["", "| epoch | loss | KL | time (s) |", "| --- | --- | --- | --- |"]
-    lines += [f"| {r['epoch']} | {r['loss']:.4f} | {r['kl']:.4g} | {r['time_s']:.1f} |" for r in s["history"]]
-    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,7 +28,7 @@ from . import atomic_io
 from .data import load_dataset
 from ..models import get_model
 
-__all__ = ["mlp", "build_model", "predict_probs", "evaluate", "is_bayesian", "family_options", "Progress", "log", "save_checkpoint",
+__all__ = ["StepResult", "mlp", "build_model", "predict_probs", "evaluate", "is_bayesian", "family_options", "Progress", "log", "save_checkpoint",
            "load_splits", "resume_log", "add_checkpoint_arguments", "load_resume", "append_metrics",
            "TrainingDiverged", "check_finite", "check_finite_grads", "fault_nonfinite"]
 
@@ -152,6 +153,17 @@ class Progress:
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one training step reports to the loop: the loss, its data term (negative log-likelihood per
+    example), the KL, and the correct predictions of the batch (deterministic training only)."""
+
+    loss: float
+    nll: float
+    kl: float = 0.0
+    correct: int = 0
 
 
 class TrainingDiverged(RuntimeError):
