@@ -33,6 +33,15 @@ def set_validate_args(value: bool) -> None:
     _VALIDATE = bool(value)
 
 
+def _sampling_arguments(num_samples, seed, method, chunk_size, return_stderr, process_group) -> tuple:
+    """The functional API's sampling arguments, from keywords or a :class:`~mcgraph.Sampling` passed as
+    ``num_samples`` (each option in one place)."""
+    num_samples, o = resolve_sampling(num_samples, seed=(seed, None), method=(method, "auto"),
+                                      chunk_size=(chunk_size, None), return_stderr=(return_stderr, False),
+                                      process_group=(process_group, None))
+    return num_samples, o["seed"], o["method"], o["chunk_size"], o["return_stderr"], o["process_group"]
+
+
 def _check_num_samples(num_samples) -> int:
     return checks.positive_int("num_samples", num_samples)
 
@@ -261,11 +270,8 @@ def expectation(fn: Callable, dist: Distribution, num_samples: int | Sampling, *
         >>> mg.expectation(lambda w: w ** 2, q, 1, method="analytic")   # exact: E[w²] = μ² + σ²
         tensor([1., 1., 1., 1.], grad_fn=<LocationScalePolynomialBackward>)
     """
-    num_samples, o = resolve_sampling(num_samples, seed=(seed, None), method=(method, "auto"),
-                                      chunk_size=(chunk_size, None), return_stderr=(return_stderr, False),
-                                      process_group=(process_group, None))
-    seed, method, chunk_size, return_stderr, process_group = (o["seed"], o["method"], o["chunk_size"],
-                                                              o["return_stderr"], o["process_group"])
+    num_samples, seed, method, chunk_size, return_stderr, process_group = _sampling_arguments(
+        num_samples, seed, method, chunk_size, return_stderr, process_group)
     with sharded(process_group, seed, num_samples) as (shard, seed):
         num_samples = _check_num_samples(num_samples)
         return_stderr = _check_stderr(return_stderr, num_samples, taylor_order, shard)
@@ -350,11 +356,8 @@ def kl_divergence(q: Distribution, p: Distribution, num_samples: int | Sampling,
         >>> mg.kl_divergence(q, p, num_samples=1000, seed=0).shape
         torch.Size([3])
     """
-    num_samples, o = resolve_sampling(num_samples, seed=(seed, None), method=(method, "auto"),
-                                      chunk_size=(chunk_size, None), return_stderr=(return_stderr, False),
-                                      process_group=(process_group, None))
-    seed, method, chunk_size, return_stderr, process_group = (o["seed"], o["method"], o["chunk_size"],
-                                                              o["return_stderr"], o["process_group"])
+    num_samples, seed, method, chunk_size, return_stderr, process_group = _sampling_arguments(
+        num_samples, seed, method, chunk_size, return_stderr, process_group)
     with sharded(process_group, seed, num_samples) as (shard, seed):
         return _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, return_stderr, shard)
 
