@@ -257,6 +257,36 @@ def read_cache(path: str | os.PathLike):
         return None
 
 
+def run_arms(result: "TargetResult", s: dict, seed: int, arms, labels: dict, run_arm, runs_dir) -> list[dict]:
+    """Every arm × seed of a table of training runs (``run_arm(arm, s, seed, runs_dir) -> row``, cached by
+    the target), timed into ``result``, under ``s["threads"]`` torch threads when set; sets
+    ``result.seeds`` and returns the rows (each with its ``arm``)."""
+    import torch
+
+    seeds = [seed + i for i in range(s["seeds"])]
+    runs = []
+    threads = torch.get_num_threads()
+    if s.get("threads"):
+        torch.set_num_threads(s["threads"])
+    try:
+        with timed(result):
+            for sd in seeds:
+                for arm in arms:
+                    r = run_arm(arm, s, sd, runs_dir)
+                    r["arm"] = arm
+                    runs.append(r)
+                    if "test" in r:
+                        took = "cached" if r.get("cached") else f"{r['seconds_per_epoch']:.2f} s/epoch"
+                        log(f"{labels[arm]} seed {sd}: test accuracy {r['test']['accuracy']:.4f}, ECE "
+                            f"{r['test']['ece']:.4f} ({took})")
+                    else:
+                        log(f"{labels[arm]} seed {sd}: {r['missing']}")
+    finally:
+        torch.set_num_threads(threads)
+    result.seeds = seeds
+    return runs
+
+
 def log(msg: str) -> None:
     """One progress line on stderr (targets that run for minutes say what they are doing)."""
     import sys

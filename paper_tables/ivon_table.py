@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from . import vogn_table as vt
-from .common import TargetResult, log, md_table, timed, write_target, write_cache
+from .common import TargetResult, md_table, run_arms, write_cache, write_target
 
 NAME = "ivon_table"
 TITLE = "IVON vs Adam, ivon-opt, VOGN, BBB and MC dropout — accuracy, NLL, ECE, AUROC, time per step"
@@ -161,26 +161,7 @@ def run(out_dir, quick: bool = False, seed: int = 0) -> dict:
     s = _settings(quick)
     result = TargetResult(NAME, TITLE, quick, seed, params=s, paper=PAPER)
     runs_dir = Path(out_dir) / f"{NAME}_runs" / ("quick" if quick else "full")
-    seeds = [seed + i for i in range(s["seeds"])]
-    runs = []
-    threads = torch.get_num_threads()
-    if s["threads"]:
-        torch.set_num_threads(s["threads"])
-    try:
-        with timed(result):
-            for sd in seeds:
-                for arm in ARMS:
-                    r = run_arm(arm, s, sd, runs_dir)
-                    r["arm"] = arm
-                    runs.append(r)
-                    if "test" in r:
-                        log(f"{LABELS[arm]} seed {sd}: test accuracy {r['test']['accuracy']:.4f}, ECE "
-                            f"{r['test']['ece']:.4f}, {r['seconds_per_epoch']:.2f} s/epoch")
-                    else:
-                        log(f"{LABELS[arm]} seed {sd}: {r['missing']}")
-    finally:
-        torch.set_num_threads(threads)
-    result.seeds = seeds
+    runs = run_arms(result, s, seed, ARMS, LABELS, run_arm, runs_dir)
     result.rows = {"runs": runs}
     missing = sorted({LABELS[r["arm"]] for r in runs if "missing" in r})
     if missing:

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import TargetResult, load_result, log, md_table, timed, write_target, write_cache
+from .common import TargetResult, load_result, md_table, run_arms, write_cache, write_target
 
 NAME = "vogn_table"
 TITLE = "Seed 003, Table 1: Adam, BBB, MC dropout and VOGN — accuracy, NLL, ECE, AUROC, time per epoch"
@@ -252,26 +252,7 @@ def run(out_dir, quick: bool = False, seed: int = 0) -> dict:
     s = _settings(quick)
     result = TargetResult(NAME, TITLE, quick, seed, params=s, paper=PAPER)
     runs_dir = Path(out_dir) / f"{NAME}_runs" / ("quick" if quick else "full")
-    seeds = [seed + i for i in range(s["seeds"])]
-    runs = []
-    threads = torch.get_num_threads()
-    if s["threads"]:
-        torch.set_num_threads(s["threads"])
-    try:
-        with timed(result):
-            for sd in seeds:
-                for arm in ARMS:
-                    r = run_arm(arm, s, sd, runs_dir)
-                    runs.append(r)
-                    if "test" in r:
-                        took = "cached" if r.get("cached") else f"{r['seconds_per_epoch']:.2f} s/epoch"
-                        log(f"{LABELS[arm]} seed {sd}: test accuracy {r['test']['accuracy']:.4f}, ECE "
-                            f"{r['test']['ece']:.4f} ({took})")
-                    else:
-                        log(f"{LABELS[arm]} seed {sd}: {r['missing']}")
-    finally:
-        torch.set_num_threads(threads)
-    result.seeds = seeds
+    runs = run_arms(result, s, seed, ARMS, LABELS, run_arm, runs_dir)
     result.rows = {"runs": runs}
     if any("missing" in r for r in runs):
         result.status = "reduced: MC dropout arm missing (mcgraph.nn.mc_dropout is not available)"
