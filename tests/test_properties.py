@@ -506,6 +506,15 @@ def test_an_infinite_sample_where_direct_raises_and_a_cached_plan_returns_is_jud
     check raises. With the plan cache holding the trace made at a finite sample, the engine evaluates
     w / w = 1 by its algebra and returns. Neither is a value at a real number; the judge asks only that any
     error is ours (seed 90210 of the slow profile found it; the old judge demanded that auto raise too)."""
+    validating = D.Distribution._validate_args  # the support check that raises at NaN (global torch state)
+    D.Distribution.set_default_validate_args(True)
+    try:
+        _judge_an_infinite_sample_where_direct_raises()
+    finally:
+        D.Distribution.set_default_validate_args(validating)
+
+
+def _judge_an_infinite_sample_where_direct_raises():
     from hypothesis import given, settings
 
     from mcgraph.engine.trace import IntegrandError
