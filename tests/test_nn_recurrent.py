@@ -86,8 +86,15 @@ def test_vanishing_sigma_gives_torch_in_sample_mode(kind):
     torch.manual_seed(0)
     ref = _torch_rnn(kind, 4, 6, num_layers=2, bidirectional=True, batch_first=True)
     bayes = BayesRNNBase.from_torch(ref, rho_init=-40.0)  # σ = softplus(−40) ≈ 4e-18
+    sites = mg.nn.bayesian_modules(bayes)
+    assert sites and all(m.mode == mg.nn.SampleMode.SAMPLE for m in sites)  # sampled weights, not the means
     x = torch.randn(3, 5, 4)
-    _close(bayes(x), ref(x), rtol=1e-6, atol=1e-6)
+    out, h = bayes(x)
+    out_ref, h_ref = ref(x)
+    _close((out, h), (out_ref, h_ref), rtol=1e-6, atol=1e-6)
+    # the same layer with a σ that does not vanish samples visibly other weights: the check above can fail
+    wide = BayesRNNBase.from_torch(ref, rho_init=-1.0)
+    assert (wide(x)[0] - out_ref).abs().max() > 1e-3
 
 
 def test_torch_signatures_and_returns():
