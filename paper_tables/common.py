@@ -287,6 +287,15 @@ def run_arms(result: "TargetResult", s: dict, seed: int, arms, labels: dict, run
     return runs
 
 
+def cached_row(cache, key: str) -> dict | None:
+    """The row cached at ``cache`` (marked ``cached``) when it was computed for ``key``; ``None`` when there is
+    no cache, it is unreadable, or it belongs to other settings (the run is then recomputed)."""
+    old = None if cache is None else read_cache(cache)
+    if isinstance(old, dict) and old.get("key") == key:
+        return old | {"cached": True}
+    return None
+
+
 def log(msg: str) -> None:
     """One progress line on stderr (targets that run for minutes say what they are doing)."""
     import sys

@@ -37,7 +37,8 @@ import torch
 
 from . import bnn
 from mcgraph.apps.atomic_io import load_checkpoint
-from .common import TargetResult, fmt_bytes, load_result, log, md_table, timed, write_cache, write_target
+from .common import (TargetResult, cached_row, fmt_bytes, load_result, log, md_table, timed, write_cache,
+                     write_target)
 
 NAME = "fig7_fig8"
 TITLE = "Fig. 7, Fig. 8, Table 2: confidence-set accuracy and size vs threshold, M = 1 / 17 / 100 (/ 1000)"
@@ -103,11 +104,9 @@ def train_and_evaluate(s: dict, M: int, seed: int, runs_dir: Path) -> dict:
     run_dir = runs_dir / f"{prefix}M{M}-seed{seed}"
     cache = run_dir / "result.json"
     key = _key(s, M, seed)
-    if cache.is_file():
-        old = json.loads(cache.read_text())
-        if old.get("key") == key:
-            old["cached"] = True
-            return old
+    cached = cached_row(cache, key)
+    if cached is not None:
+        return cached
     run_dir.mkdir(parents=True, exist_ok=True)
     args = build_parser().parse_args(_argv(s, M, seed, run_dir))
     t0 = time.perf_counter()

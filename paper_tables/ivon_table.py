@@ -28,12 +28,11 @@ import math
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from . import vogn_table as vt
-from .common import TargetResult, md_table, run_arms, write_cache, write_target
+from .common import TargetResult, cached_row, md_table, run_arms, write_cache, write_target
 
 NAME = "ivon_table"
 TITLE = "IVON vs Adam, ivon-opt, VOGN, BBB and MC dropout — accuracy, NLL, ECE, AUROC, time per step"
@@ -109,10 +108,9 @@ def run_arm(arm: str, s: dict, seed: int, runs_dir: Path | None = None) -> dict:
         return row
     key = _key(s, arm, seed)
     cache = None if runs_dir is None else runs_dir / f"{arm}-seed{seed}.json"
-    if cache is not None and cache.is_file():
-        old = json.loads(cache.read_text())
-        if old.get("key") == key:
-            return old | {"cached": True}
+    cached = cached_row(cache, key)
+    if cached is not None:
+        return cached
     ds = vt._data(s, seed)
     row = {"key": key, "arm": arm, "seed": seed, "epochs": s["epochs"], "seconds_per_epoch": None,
            "train_examples": int(ds.x_train.shape[0]), "test_examples": int(ds.x_test.shape[0]), "cached": False}
@@ -139,21 +137,8 @@ def run_arm(arm: str, s: dict, seed: int, runs_dir: Path | None = None) -> dict:
 
 
 def aggregate(runs: list) -> dict:
-    """Mean and sample std over seeds, per arm, of every score."""
-    out = {}
-    for arm in ARMS:
-        rs = [r for r in runs if r["arm"] == arm and "test" in r]
-        if not rs:
-            continue
-        values = {"train_accuracy": [r["train_accuracy"] for r in rs],
-                  "seconds_per_epoch": [r["seconds_per_epoch"] for r in rs]}
-        for k in ("accuracy", "nll", "ece", "brier", "auroc"):
-            values[k] = [r["test"][k] for r in rs if r["test"][k] is not None]
-        row = {"seeds": [r["seed"] for r in rs]}
-        for k, v in values.items():
-            row[k] = (float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0) if v else (None, None)
-        out[arm] = row
-    return out
+    """Mean and sample std over seeds, per arm, of every score (the VOGN table's, over these arms)."""
+    return vt.aggregate(runs, ARMS)
 
 
 def run(out_dir, quick: bool = False, seed: int = 0) -> dict:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from mcgraph.apps import atomic_io
-from .common import TargetResult, log, md_table, timed, write_target, write_cache
+from .common import TargetResult, cached_row, log, md_table, timed, write_cache, write_target
 
 NAME = "sparse_vd_table"
 TITLE = "Seed 001: LeNet-300-100 and LeNet-5-Caffe — error, per-layer sparsity and compression of Sparse VD and ARD"
@@ -71,10 +71,9 @@ def run_one(net: str, arm: str, s: dict, seed: int, runs_dir: Path | None) -> di
            "init": "original" if arm != "original" else "random"}
     key = _key(cfg)
     cache = None if runs_dir is None else runs_dir / f"{net}-{arm}-seed{seed}.json"
-    if cache is not None and cache.is_file():
-        old = json.loads(cache.read_text())
-        if old.get("key") == key:
-            return old | {"cached": True}
+    cached = cached_row(cache, key)
+    if cached is not None:
+        return cached
     ds = load(s["dataset"], seed, 28 if net == "lenet5_caffe" else None)
     model = network(net, ds, seed)
     bayesian = arm != "original"

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import TargetResult, load_result, md_table, run_arms, write_cache, write_target
+from .common import TargetResult, cached_row, load_result, md_table, run_arms, write_cache, write_target
 
 NAME = "vogn_table"
 TITLE = "Seed 003, Table 1: Adam, BBB, MC dropout and VOGN — accuracy, NLL, ECE, AUROC, time per epoch"
@@ -195,10 +195,9 @@ def run_arm(arm: str, s: dict, seed: int, runs_dir: Path | None = None) -> dict:
     """Train and score one arm with one seed (cached in ``runs_dir`` by configuration)."""
     key = _key(s, arm, seed)
     cache = None if runs_dir is None else runs_dir / f"{arm}-seed{seed}.json"
-    if cache is not None and cache.is_file():
-        old = json.loads(cache.read_text())
-        if old.get("key") == key:
-            return old | {"cached": True}
+    cached = cached_row(cache, key)
+    if cached is not None:
+        return cached
     import mcgraph.nn as mnn
 
     ds = _data(s, seed)
@@ -222,10 +221,10 @@ def run_arm(arm: str, s: dict, seed: int, runs_dir: Path | None = None) -> dict:
     return row
 
 
-def aggregate(runs: list) -> dict:
-    """Mean and sample std over seeds, per arm, of every score."""
+def aggregate(runs: list, arms=ARMS) -> dict:
+    """Mean and sample std over seeds, per arm of ``arms``, of every score."""
     out = {}
-    for arm in ARMS:
+    for arm in arms:
         rs = [r for r in runs if r["arm"] == arm and "test" in r]
         if not rs:
             continue
