@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Iterable, Sequence
 
 import torch
 
-__all__ = ["positive_int", "seed", "finite_float", "tensor", "choice", "SEED_LIMIT"]
+__all__ = ["positive_int", "seed", "finite_float", "SEED_LIMIT"]
 
 #: Seeds are 64-bit: the counter-based streams take the seed's 64 bits as their key.
 SEED_LIMIT = 2**64
@@ -77,33 +76,4 @@ def finite_float(name: str, value, *, low: float | None = None, low_open: bool =
         raise ValueError(f"{name} must be {'>' if low_open else '>='} {low:g}, got {value:g}")
     if high is not None and value > high:
         raise ValueError(f"{name} must be <= {high:g}, got {value:g}")
-    return value
-
-
-def tensor(name: str, value, *, ndim: int | Sequence[int] | None = None, min_ndim: int | None = None,
-           floating: bool | None = None, shape_hint: str = "") -> torch.Tensor:
-    """``value`` if it is a tensor of the given rank (and kind); ``shape_hint`` describes the shape expected."""
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor{' ' + shape_hint if shape_hint else ''}, got "
-                        f"{type(value).__name__}")
-    ranks = (ndim,) if isinstance(ndim, int) else tuple(ndim) if ndim is not None else None
-    if ranks is not None and value.ndim not in ranks:
-        want = " or ".join(str(r) for r in ranks)
-        raise ValueError(f"{name} must have {want} dimension{'s' if ranks != (1,) else ''}"
-                         f"{' ' + shape_hint if shape_hint else ''}, got shape {tuple(value.shape)}")
-    if min_ndim is not None and value.ndim < min_ndim:
-        raise ValueError(f"{name} must have at least {min_ndim} dimensions{' ' + shape_hint if shape_hint else ''}, "
-                         f"got shape {tuple(value.shape)}")
-    if floating is True and not value.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got {value.dtype}")
-    if floating is False and value.is_floating_point():
-        raise TypeError(f"{name} must be an integer tensor, got {value.dtype}")
-    return value
-
-
-def choice(name: str, value, choices: Iterable):
-    """``value`` if it is one of ``choices``."""
-    choices = tuple(choices)
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}; got {value!r}")
     return value

@@ -40,10 +40,6 @@ from ..engine import checks
 __all__ = ["elbo_backward"]
 
 
-def _positive_int(name: str, value) -> int:
-    return checks.positive_int(name, value)
-
-
 def _scalar(name: str, value) -> torch.Tensor:
     if not isinstance(value, torch.Tensor) or value.numel() != 1:
         got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
@@ -76,11 +72,11 @@ def elbo_backward(model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor]
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable as loss_fn(model), got {type(loss_fn).__name__}")
-    m = _positive_int("num_samples", num_samples)
+    m = checks.positive_int("num_samples", num_samples)
     if kl is not None and dataset_size is None:
         raise ValueError("dataset_size is required when kl is given (the KL is divided by it)")
     if dataset_size is not None:
-        dataset_size = _positive_int("dataset_size", dataset_size)
+        dataset_size = checks.positive_int("dataset_size", dataset_size)
     if not isinstance(kl_weight, torch.Tensor) or kl_weight.ndim == 0:
         checks.finite_float("kl_weight", kl_weight, low=0.0)
     total = None

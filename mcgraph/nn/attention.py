@@ -29,8 +29,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .context import current_window
-from .layers import BayesLinear, _check_positive_int
-from .weight_sites import sample_rng, site_weights
+from ..engine import checks
+from .layers import BayesLinear
+from .weight_sites import sample_rng, sampled_weights_only, site_weights
 
 __all__ = ["BayesMultiheadAttention"]
 
@@ -63,25 +64,21 @@ class BayesMultiheadAttention(nn.Module):
                  add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: int | None = None,
                  vdim: int | None = None, batch_first: bool = False, *, device=None, dtype=None, **options) -> None:
         super().__init__()
-        self.embed_dim = _check_positive_int("embed_dim", embed_dim)
-        self.num_heads = _check_positive_int("num_heads", num_heads)
+        self.embed_dim = checks.positive_int("embed_dim", embed_dim)
+        self.num_heads = checks.positive_int("num_heads", num_heads)
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim must be divisible by num_heads, got embed_dim={embed_dim} and "
                              f"num_heads={num_heads}")
-        self.kdim = embed_dim if kdim is None else _check_positive_int("kdim", kdim)
-        self.vdim = embed_dim if vdim is None else _check_positive_int("vdim", vdim)
+        self.kdim = embed_dim if kdim is None else checks.positive_int("kdim", kdim)
+        self.vdim = embed_dim if vdim is None else checks.positive_int("vdim", vdim)
         if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout <= 1:
             raise ValueError(f"dropout must be a number in [0, 1], got {dropout!r}")
         self.dropout = float(dropout)
         self.batch_first = bool(batch_first)
         self.head_dim = embed_dim // num_heads
         self.add_zero_attn = bool(add_zero_attn)
-        for name in ("local_reparameterization", "flipout"):
-            if options.get(name):
-                raise ValueError(f"{name}=True is not available for attention: the projections' weights are "
-                                 f"sampled and handed to F.multi_head_attention_forward")
-        options["local_reparameterization"] = False
-        options.pop("flipout", None)
+        sampled_weights_only(options, "attention", "the projections' weights are sampled and handed to "
+                                                   "F.multi_head_attention_forward")
         self.qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
         #: ``False`` always: declines torch's fused paths that would read the weights directly.
         self._qkv_same_embed_dim = False

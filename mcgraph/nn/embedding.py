@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .context import NoiseKind, current_capture, current_window
-from .layers import BayesLayer, SampleMode, _check_positive_int
+from ..engine import checks
+from .layers import BayesLayer, SampleMode
 
 __all__ = ["BayesEmbedding"]
 
@@ -50,8 +51,8 @@ class BayesEmbedding(BayesLayer):
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
                  max_norm: float | None = None, norm_type: float = 2.0, scale_grad_by_freq: bool = False,
                  sparse: bool = False, **options) -> None:
-        self.num_embeddings = _check_positive_int("num_embeddings", num_embeddings)
-        self.embedding_dim = _check_positive_int("embedding_dim", embedding_dim)
+        self.num_embeddings = checks.positive_int("num_embeddings", num_embeddings)
+        self.embedding_dim = checks.positive_int("embedding_dim", embedding_dim)
         if padding_idx is not None:
             if isinstance(padding_idx, bool) or not isinstance(padding_idx, numbers.Integral) \
                     or not -num_embeddings <= padding_idx < num_embeddings:

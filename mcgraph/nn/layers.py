@@ -42,6 +42,7 @@ from torch import nn
 from torch.distributions import Distribution
 from torch.nn.modules.utils import _ntuple, _reverse_repeat_tuple
 
+from ..engine import checks
 from ..engine.families import GenericForm, SamplingForm, family_of
 from ..engine.noise import resolve_seed
 from ..engine.stderr import MCEstimate, refuse_with_process_group
@@ -64,12 +65,6 @@ class SampleMode(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
-
-
-def _check_positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
 
 
 def _std(var: torch.Tensor) -> torch.Tensor:
@@ -145,7 +140,7 @@ class BayesLayer(BayesianModule):
         self.posterior_family = posterior
         self._posterior_factory = resolve_posterior(posterior)
         self.prior_spec = prior
-        self.kl_samples = _check_positive_int("kl_samples", kl_samples)
+        self.kl_samples = checks.positive_int("kl_samples", kl_samples)
         self.local_reparameterization = bool(local_reparameterization)
         self.flipout = bool(flipout)
         if not isinstance(rho_init, numbers.Real):
@@ -269,7 +264,7 @@ class BayesLayer(BayesianModule):
             >>> layer.kl(seed=0).shape
             torch.Size([])
         """
-        m = self.kl_samples if num_samples is None else _check_positive_int("num_samples", num_samples)
+        m = self.kl_samples if num_samples is None else checks.positive_int("num_samples", num_samples)
         seed = resolve_seed(seed)
         refuse_with_process_group(return_stderr, process_group)
         if return_stderr:
@@ -472,8 +467,8 @@ class BayesLinear(BayesLayer):
     _channel_axis = -1
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, **options) -> None:
-        self.in_features = _check_positive_int("in_features", in_features)
-        self.out_features = _check_positive_int("out_features", out_features)
+        self.in_features = checks.positive_int("in_features", in_features)
+        self.out_features = checks.positive_int("out_features", out_features)
         super().__init__((out_features, in_features), out_features, bias, **options)
 
     @property
@@ -525,9 +520,9 @@ class _BayesConvNd(BayesLayer):
             raise ValueError(f"spatial_dims must be 1, 2 or 3, got {spatial_dims!r}")
         nt = _ntuple(spatial_dims)
         self.spatial_dims = spatial_dims
-        self.in_channels = _check_positive_int("in_channels", in_channels)
-        self.out_channels = _check_positive_int("out_channels", out_channels)
-        self.groups = _check_positive_int("groups", groups)
+        self.in_channels = checks.positive_int("in_channels", in_channels)
+        self.out_channels = checks.positive_int("out_channels", out_channels)
+        self.groups = checks.positive_int("groups", groups)
         if in_channels % groups or out_channels % groups:
             raise ValueError(f"groups={groups} must divide in_channels={in_channels} and out_channels={out_channels}")
         self.kernel_size = nt(kernel_size)

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from .context import BayesianModule
@@ -84,8 +85,6 @@ def input_hint(model: nn.Module) -> str:
 
 def check_batch(x, y, caller: str) -> None:
     """``x`` and ``y`` are tensors with the same number of rows (``y`` may be ``None``)."""
-    import torch
-
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{caller}: x must be a torch.Tensor of shape (B, ...), got {type(x).__name__}")
     if x.dim() == 0:

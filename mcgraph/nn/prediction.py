@@ -29,10 +29,6 @@ def can_vectorize(model: nn.Module) -> bool:
     return True
 
 
-def _check_int(name: str, value, allow_none: bool = False):
-    return checks.positive_int(name, value, allow_none=allow_none)
-
-
 def _is_shape_error(err: RuntimeError) -> bool:
     text = str(err)
     return any(k in text for k in ("shape", "size", "mat1 and mat2", "Expected", "dimension"))
@@ -89,8 +85,8 @@ def forward_samples(model: nn.Module, x: torch.Tensor, num_samples: int, *, seed
     """
     require_bayesian(model, "mg.nn.forward_samples", allow_none=True)
     check_batch(x, None, "mg.nn.forward_samples")
-    num_samples = _check_int("num_samples", num_samples)
-    chunk = _check_int("chunk_size", chunk_size, allow_none=True) or num_samples
+    num_samples = checks.positive_int("num_samples", num_samples)
+    chunk = checks.positive_int("chunk_size", chunk_size, allow_none=True) or num_samples
     seed = checks.seed("seed", seed)
     vectorize = can_vectorize(model) if vectorize is None else bool(vectorize)
     run = sample_run(model, num_samples, seed)
@@ -176,8 +172,8 @@ def predict(model: nn.Module, x: torch.Tensor, num_samples: int, chunk_size: int
 
 
 def _predict(model, x, num_samples, chunk_size, seed, return_samples, trunk_once, vectorize, shard):
-    num_samples = _check_int("num_samples", num_samples)
-    chunk = _check_int("chunk_size", chunk_size, allow_none=True) or min(num_samples, 64)
+    num_samples = checks.positive_int("num_samples", num_samples)
+    chunk = checks.positive_int("chunk_size", chunk_size, allow_none=True) or min(num_samples, 64)
     vectorize = can_vectorize(model) if vectorize is None else bool(vectorize)
     run = sample_run(model, num_samples, seed)
     head, features = (None, None) if trunk_once is False else _trunk_features(model, x)

@@ -46,9 +46,10 @@ import torch
 from torch import _VF, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
+from ..engine import checks
 from .context import current_window
 from .layers import BayesLinear
-from .weight_sites import site_weights
+from .weight_sites import sampled_weights_only, site_weights
 
 __all__ = ["BayesRNNBase", "BayesLSTM", "BayesGRU", "BayesRNN", "RECURRENT_KERNELS"]
 
@@ -64,12 +65,6 @@ _TORCH_MODULES = {"LSTM": nn.LSTM, "GRU": nn.GRU, "RNN_TANH": nn.RNN, "RNN_RELU"
 
 #: Stream kind of the dropout after layer ``l``: ``LAYER_DROPOUT + 16·l`` (distinct from every :class:`NoiseKind`).
 LAYER_DROPOUT = 6
-
-
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
 
 
 def _packed_index(batch_sizes: torch.Tensor, sorted_indices: torch.Tensor | None, device) -> tuple:
@@ -107,9 +102,9 @@ class BayesRNNBase(nn.Module):
         if mode not in RECURRENT_KERNELS:
             raise ValueError(f"mode must be one of {sorted(RECURRENT_KERNELS)}, got {mode!r}")
         self.mode = mode
-        self.input_size = _positive_int("input_size", input_size)
-        self.hidden_size = _positive_int("hidden_size", hidden_size)
-        self.num_layers = _positive_int("num_layers", num_layers)
+        self.input_size = checks.positive_int("input_size", input_size)
+        self.hidden_size = checks.positive_int("hidden_size", hidden_size)
+        self.num_layers = checks.positive_int("num_layers", num_layers)
         if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout <= 1:
             raise ValueError(f"dropout must be a number in [0, 1] representing the probability of an element "
                              f"being zeroed, got {dropout!r}")
@@ -124,12 +119,8 @@ class BayesRNNBase(nn.Module):
                              f"hidden_size={hidden_size}")
         if proj_size and mode != "LSTM":
             raise ValueError(f"proj_size is an LSTM argument, got proj_size={proj_size} for mode {mode!r}")
-        for name in ("local_reparameterization", "flipout"):
-            if options.get(name):
-                raise ValueError(f"{name}=True is not available for recurrent layers: the fused recurrent kernel "
-                                 f"takes weights, so weights are sampled (once per sequence)")
-        options["local_reparameterization"] = False
-        options.pop("flipout", None)
+        sampled_weights_only(options, "recurrent layers", "the fused recurrent kernel takes weights, so "
+                                                           "weights are sampled (once per sequence)")
         self.bias = bool(bias)
         self.batch_first = bool(batch_first)
         self.dropout = float(dropout)

@@ -150,10 +150,6 @@ class ELBOTerms(NamedTuple):
     elbo_stderr: torch.Tensor | None = None
 
 
-def _positive_int(name, value, allow_none=False):
-    return checks.positive_int(name, value, allow_none=allow_none)
-
-
 #: Weight-noise elements one chunk may hold (16 MiB in float32).
 CHUNK_ELEMENTS = 1 << 22
 
@@ -211,7 +207,7 @@ def _as_sampling(value, name: str) -> Sampling:
 
 def _expected_data_term(model, x, y, num_samples, likelihood, noise_std, seed, chunk_size, method, vectorize,
                         return_stderr, shard):
-    num_samples = _positive_int("num_samples", num_samples)
+    num_samples = checks.positive_int("num_samples", num_samples)
     refuse_with_process_group(return_stderr, shard)
     if not isinstance(return_stderr, bool):
         raise TypeError(f"return_stderr must be a bool, got {type(return_stderr).__name__}")
@@ -219,7 +215,7 @@ def _expected_data_term(model, x, y, num_samples, likelihood, noise_std, seed, c
         raise ValueError(f"num_samples must be >= 2 with return_stderr=True (a single sample has no variance "
                          f"to estimate), got {num_samples}")
     moments = SampleMoments() if return_stderr else None
-    chunk = _positive_int("chunk_size", chunk_size, allow_none=True) or default_chunk(model, num_samples)
+    chunk = checks.positive_int("chunk_size", chunk_size, allow_none=True) or default_chunk(model, num_samples)
     if method not in ("chunked", "direct"):
         raise ValueError(f"method must be 'chunked' or 'direct', got {method!r}")
     if method == "direct" and shard is not None:
@@ -287,7 +283,7 @@ def elbo_terms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_sample
     """
     require_bayesian(model, "mg.nn.elbo")
     check_batch(x, y, "mg.nn.elbo")
-    dataset_size = _positive_int("dataset_size", dataset_size)
+    dataset_size = checks.positive_int("dataset_size", dataset_size)
     if dataset_size < x.shape[0]:
         raise ValueError(f"dataset_size must be the number of training examples N, at least the batch size "
                          f"{x.shape[0]}; got {dataset_size}")
@@ -416,7 +412,7 @@ class LinearWarmupKL(KLSchedule):
     final: float = 1.0
 
     def __post_init__(self):
-        _positive_int("warmup_steps", self.warmup_steps)
+        checks.positive_int("warmup_steps", self.warmup_steps)
 
     def __call__(self, step: int) -> float:
         return float(self.final) * min(1.0, (step + 1) / self.warmup_steps)
@@ -437,7 +433,7 @@ class BlundellKL(KLSchedule):
     num_batches: int
 
     def __post_init__(self):
-        _positive_int("num_batches", self.num_batches)
+        checks.positive_int("num_batches", self.num_batches)
 
     def __call__(self, step: int) -> float:
         n = self.num_batches

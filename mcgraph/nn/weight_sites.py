@@ -18,7 +18,18 @@ from ..engine.noise import mix_seed
 from .context import NoiseKind, current_window
 from .layers import BayesLinear, SampleMode
 
-__all__ = ["SiteWeights", "site_weights", "sample_rng"]
+__all__ = ["SiteWeights", "site_weights", "sample_rng", "sampled_weights_only"]
+
+
+def sampled_weights_only(options: dict, what: str, why: str) -> dict:
+    """The layer options of a module whose sites hand sampled *weights* to a torch kernel: local
+    reparameterization and flipout (which sample activations) are refused, naming the option and ``why``."""
+    for name in ("local_reparameterization", "flipout"):
+        if options.get(name):
+            raise ValueError(f"{name}=True is not available for {what}: {why}")
+    options["local_reparameterization"] = False
+    options.pop("flipout", None)
+    return options
 
 
 class SiteWeights:
