@@ -58,6 +58,7 @@ $(INTEROP_STAMP): $(STAMP)
 	$(PY) -m pip install -q --no-deps bayesian-torch==0.5.0 blitz-bayesian-pytorch==0.2.8 torchbnn==1.2 tyxe==0.0.2 \
 		torch-uncertainty==0.13.0 einops==0.8.2 ivon-opt==0.1.3
 	$(PY) -m pip install -q pyro-ppl==1.9.2
+	$(PY) -m pip install -q transformers==5.24.0 peft==0.21.2
 	@if $(PY) -m pip check | grep -iE "(requires|requirement) torch[^a-z_-]"; then \
 		echo "a peer library asks for another torch" >&2; exit 1; fi
 	touch $@
