@@ -13,11 +13,18 @@ not needed to read the data), ``pip install scikit-learn`` and
 ``pip install mnist1d``. A missing one raises an ``ImportError`` naming the
 package to install.
 
+``load_dataset(name, sequence=True)`` (or :func:`as_sequences`) gives the same data as sequences
+``(N, T, F)`` for the recurrent and attention models (:mod:`mcgraph.models.sequence`): an image
+``(1, H, W)`` read row by row (digits: 8 steps of 8 pixels, MNIST: 28 of 28), a signal ``(C, L)``
+as L steps of C values (mnist1d: 40 steps of 1).
+
 Example:
     >>> from mcgraph.apps.data import load_dataset
     >>> ds = load_dataset("digits")
     >>> ds.x_train.shape[1:], ds.num_classes
     (torch.Size([1, 8, 8]), 10)
+    >>> load_dataset("digits", sequence=True).input_shape
+    (8, 8)
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ import torch.nn.functional as F
 
 from ..engine.registry import Registry
 
-__all__ = ["Dataset", "DATASETS", "load_dataset", "register_dataset"]
+__all__ = ["Dataset", "DATASETS", "load_dataset", "register_dataset", "as_sequences"]
 
 
 class Dataset(NamedTuple):
@@ -131,7 +138,35 @@ def _mnist1d(seed: int = 0) -> Dataset:
                    torch.from_numpy(xt)[:, None], torch.from_numpy(np.asarray(d["y_test"], np.int64)), None, None, 10)
 
 
-def load_dataset(name: str, *, seed: int = 0, image_size: int | None = None) -> Dataset:
+def _rows(x: torch.Tensor | None) -> torch.Tensor | None:
+    if x is None:
+        return None
+    if x.dim() == 4:  # (N, 1, H, W): H rows of W pixels
+        return x[:, 0].contiguous()
+    return x.transpose(1, 2).contiguous()  # (N, C, L): L steps of C values
+
+
+def as_sequences(ds: Dataset) -> Dataset:
+    """``ds`` with every split as sequences ``(N, T, F)``: images ``(N, 1, H, W)`` read row by row
+    (``T = H`` steps of ``F = W`` pixels), signals ``(N, C, L)`` as ``T = L`` steps of ``F = C`` values.
+
+    Raises:
+        ValueError: the images have more than one channel, or the inputs are neither images nor signals.
+
+    Example:
+        >>> as_sequences(load_dataset("digits")).x_test.shape
+        torch.Size([360, 8, 8])
+    """
+    if not isinstance(ds, Dataset):
+        raise TypeError(f"ds must be a Dataset, got {type(ds).__name__}")
+    shape = ds.input_shape
+    if len(shape) not in (2, 3) or (len(shape) == 3 and shape[0] != 1):
+        raise ValueError(f"ds: dataset {ds.name!r} of input shape {shape} cannot be read as sequences (expected "
+                         "one-channel images (1, H, W) or signals (C, L))")
+    return ds._replace(x_train=_rows(ds.x_train), x_test=_rows(ds.x_test), x_val=_rows(ds.x_val))
+
+
+def load_dataset(name: str, *, seed: int = 0, image_size: int | None = None, sequence: bool = False) -> Dataset:
     """Load a packaged dataset.
 
     Args:
@@ -139,11 +174,16 @@ def load_dataset(name: str, *, seed: int = 0, image_size: int | None = None) -> 
         seed: the split seed (digits) or generation seed (mnist1d).
         image_size: resize 2-d images to ``image_size × image_size`` (bilinear), e.g. 28
             to feed the 8×8 digits to LeNet-5.
+        sequence: return the inputs as sequences ``(N, T, F)`` (:func:`as_sequences`, after any resize):
+            the layout of the recurrent and attention models.
 
     Raises:
         ValueError: unknown ``name`` or bad ``image_size``.
+        TypeError: ``sequence`` is not a bool.
         ImportError: the optional package providing the data is missing.
     """
+    if not isinstance(sequence, bool):
+        raise TypeError(f"sequence must be a bool, got {type(sequence).__name__}")
     try:
         loader = DATASETS[name]
     except (KeyError, TypeError):
@@ -162,4 +202,4 @@ def load_dataset(name: str, *, seed: int = 0, image_size: int | None = None) -> 
             return F.interpolate(x, size=(image_size, image_size), mode="bilinear", align_corners=False)
 
         ds = ds._replace(x_train=resize(ds.x_train), x_test=resize(ds.x_test), x_val=resize(ds.x_val))
-    return ds
+    return as_sequences(ds) if sequence else ds

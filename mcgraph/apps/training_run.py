@@ -27,6 +27,7 @@ from ..metrics import prediction_metrics
 from . import atomic_io
 from .data import load_dataset
 from ..models import get_model
+from ..models.sequence import is_sequence_model, sequence_model
 
 __all__ = ["StepResult", "mlp", "build_model", "predict_probs", "evaluate", "is_bayesian", "family_options", "Progress", "log", "save_checkpoint",
            "load_splits", "resume_log", "add_checkpoint_arguments", "load_resume", "append_metrics",
@@ -61,9 +62,15 @@ def _prior(args):
 
 
 def build_model(args, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """The network of ``args``: ``mlp`` or a registered model, made Bayesian unless ``--deterministic``."""
+    """The network of ``args``: ``mlp`` or a registered model, made Bayesian unless ``--deterministic``.
+
+    ``input_shape``: ``(C, *spatial)``, or ``(steps, features)`` for a sequence model (:func:`load_splits`
+    reads the data as sequences for those).
+    """
     if args.model == "mlp":
         model = mlp(num_classes, math.prod(input_shape), tuple(args.hidden))
+    elif is_sequence_model(args.model):
+        model = sequence_model(args.model, *input_shape, num_classes=num_classes)
     else:
         model = get_model(args.model, num_classes=num_classes, in_channels=input_shape[0])
     if args.deterministic:
@@ -286,11 +293,12 @@ def fault_nonfinite(step: int) -> str | None:
 
 def load_splits(args):
     """``(dataset, (x_train, y_train), (x_test, y_test), (x_eval, y_eval))`` of ``args`` (limits applied;
-    the evaluation split is the validation set when the dataset has one, else the test set)."""
+    the evaluation split is the validation set when the dataset has one, else the test set). A sequence model
+    (``lstm``, ``transformer``) gets the inputs as sequences ``(N, T, F)``: images read row by row."""
     image_size = args.image_size
     if image_size is None and args.model == "lenet5" and args.dataset in ("digits",):
         image_size = 28
-    ds = load_dataset(args.dataset, seed=args.seed, image_size=image_size)
+    ds = load_dataset(args.dataset, seed=args.seed, image_size=image_size, sequence=is_sequence_model(args.model))
     x_train, y_train = ds.x_train, ds.y_train
     if args.limit_train:
         x_train, y_train = x_train[:args.limit_train], y_train[:args.limit_train]

@@ -6,12 +6,19 @@ Their weighted modules are ``nn.LSTM``, ``nn.Linear``, ``nn.MultiheadAttention``
 ``nn.TransformerEncoderLayer``) and ``LayerNorm``, each called through its own ``forward``, so
 :func:`mcgraph.nn.bayesify` makes them Bayesian with no other edit.
 
+:func:`sequence_model` builds a registered sequence model for inputs of ``steps × features``
+(``mcgraph train`` does, for the datasets read as rows by :func:`mcgraph.apps.data.load_dataset`);
+a new sequence model is a builder registered with :func:`~mcgraph.models.zoo.register_model` plus one
+:data:`SEQUENCE_INPUTS` entry saying which builder arguments the input's size sets.
+
 Example:
     >>> import torch
-    >>> from mcgraph.models.sequence import LSTMClassifier, TransformerClassifier
+    >>> from mcgraph.models.sequence import LSTMClassifier, TransformerClassifier, sequence_model
     >>> LSTMClassifier(8, 10)(torch.zeros(2, 8, 8)).shape
     torch.Size([2, 10])
     >>> TransformerClassifier(8, 10, max_len=8)(torch.zeros(2, 8, 8)).shape
+    torch.Size([2, 10])
+    >>> sequence_model("transformer", steps=40, features=1, num_classes=10)(torch.zeros(2, 40, 1)).shape
     torch.Size([2, 10])
 """
 
@@ -20,11 +27,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..engine.registry import Registry
 from ._common import check_positive_int
-from .zoo import register_model
+from .zoo import get_model, register_model
 
 __all__ = ["LSTMClassifier", "TransformerClassifier", "lstm_classifier", "transformer_classifier",
-           "as_sequence"]
+           "as_sequence", "SEQUENCE_INPUTS", "is_sequence_model", "sequence_model"]
+
+SEQUENCE_INPUTS: Registry = Registry("sequence model", unique=True)
+"""Model name → ``sizes(steps, features) -> dict``: the builder's keyword arguments that the input's number of
+steps and features per step set (``input_size``, ``max_len``, …). Its keys are the models of
+:data:`~mcgraph.models.zoo.MODELS` that read ``(N, steps, features)`` sequences."""
 
 
 def as_sequence(x: torch.Tensor) -> torch.Tensor:
@@ -115,3 +128,42 @@ def transformer_classifier(num_classes: int = 10, in_channels: int = 1, input_si
     if in_channels != 1:
         raise ValueError(f"in_channels must be 1 (images are read row by row), got {in_channels!r}")
     return TransformerClassifier(input_size, num_classes, **kwargs)
+
+
+SEQUENCE_INPUTS.register("lstm", lambda steps, features: {"input_size": features})
+SEQUENCE_INPUTS.register("transformer", lambda steps, features: {"input_size": features, "max_len": steps})
+
+
+def is_sequence_model(name: str) -> bool:
+    """Whether the registered model ``name`` reads ``(N, steps, features)`` sequences (a key of
+    :data:`SEQUENCE_INPUTS`) rather than ``(N, C, *spatial)`` arrays."""
+    return isinstance(name, str) and name in SEQUENCE_INPUTS
+
+
+def sequence_model(name: str, steps: int, features: int, num_classes: int = 10, **kwargs) -> nn.Module:
+    """The registered sequence model ``name`` for inputs ``(N, steps, features)``.
+
+    Args:
+        name: a key of :data:`SEQUENCE_INPUTS` (``"lstm"``, ``"transformer"``).
+        steps: the sequence length ``T`` (rows of an image, samples of a signal).
+        features: the features per step ``F`` (pixels of a row, channels of a signal).
+        num_classes: output classes.
+        **kwargs: the builder's other arguments (``hidden_size``, ``d_model``, …).
+
+    Returns:
+        A freshly initialised plain ``nn.Module`` mapping ``(N, steps, features)`` to ``(N, num_classes)``.
+
+    Raises:
+        ValueError: ``name`` is not a registered sequence model (the message lists them), or ``steps`` /
+            ``features`` is not a positive int.
+
+    Example:
+        >>> import torch
+        >>> sequence_model("lstm", steps=8, features=8, hidden_size=16)(torch.zeros(3, 8, 8)).shape
+        torch.Size([3, 10])
+    """
+    if not is_sequence_model(name):
+        raise ValueError(f"name must be one of the sequence models {sorted(SEQUENCE_INPUTS)}, got {name!r}")
+    check_positive_int("steps", steps)
+    check_positive_int("features", features)
+    return get_model(name, num_classes=num_classes, **SEQUENCE_INPUTS[name](steps, features), **kwargs)
