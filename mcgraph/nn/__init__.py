@@ -11,7 +11,7 @@ functional (fresh per forward, seeded inside sample runs), never kept in buffers
 """
 
 from .context import SampleRun, bayesian_modules, sample_run
-from .bayesify import bayesify, freeze, frozen, set_mode, unfreeze
+from .bayesify import bayesify, freeze, frozen, last_layer, set_mode, unfreeze
 from .network_kl import kl
 from .variational import (KL_SCHEDULES, BlundellKL, ConstantKL, ELBOTerms, KLSchedule, LinearWarmupKL, WholeNetworkMC,
                    default_chunk, elbo, elbo_terms, expected_data_term, kl_schedule)
@@ -30,6 +30,7 @@ from .mc_dropout import MCDropout, mc_dropout
 from .recurrent import BayesGRU, BayesLSTM, BayesRNN, BayesRNNBase
 from .embedding import BayesEmbedding
 from .attention import BayesMultiheadAttention
+from .lora import AdapterDropout, BayesLoRA, bayesian_lora
 from .scales import SCALE_TRANSFORMS, ScaleTransform, register_scale_transform, scale_transform, softplus_beta
 
 __all__ = [
@@ -37,12 +38,13 @@ __all__ = [
     "BayesConvTranspose2d", "BayesConvTranspose3d", "BayesLayer", "BayesLinear", "BlundellKL", "ConstantKL",
     "ELBOTerms", "KLSchedule", "KL_SCHEDULES", "LIKELIHOODS", "LinearWarmupKL", "POSTERIORS", "PRIORS",
     "Prediction", "SampleMode", "SampleRun", "SoftmaxCrossEntropyMC", "WholeNetworkMC", "bayesian_modules",
-    "bayesify", "can_vectorize", "default_chunk", "elbo", "elbo_terms", "expected_data_term", "expected_log_likelihood",
+    "bayesify", "last_layer", "can_vectorize", "default_chunk", "elbo", "elbo_terms", "expected_data_term",
+    "expected_log_likelihood",
     "forward_samples", "freeze", "frozen", "kl", "kl_schedule", "log_likelihood", "make_prior", "predict",
     "register_posterior", "register_prior", "register_scale_transform", "sample_run", "scale_transform",
     "set_mode", "softmax_cross_entropy_mc", "softplus_beta", "unfreeze", "SCALE_TRANSFORMS", "ScaleTransform",
     "layer_options", "LAYER_KL", "divergence", "find_layer_kl", "register_layer_kl", "sparse_vd", "SparseVD",
     "SparseVDNormal", "ARDPrior", "ard_kl", "ard_precision", "LayerSparsity", "SparsityReport", "layer_log_alpha",
     "prune", "prune_l1", "sparsity", "MCDropout", "mc_dropout", "BayesLSTM", "BayesGRU", "BayesRNN",
-    "BayesRNNBase", "BayesEmbedding", "BayesMultiheadAttention",
+    "BayesRNNBase", "BayesEmbedding", "BayesMultiheadAttention", "BayesLoRA", "AdapterDropout", "bayesian_lora",
 ]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import fnmatch
 from typing import Iterator
 
 from torch import nn
@@ -13,9 +12,10 @@ from .attention import BayesMultiheadAttention
 from .context import BayesianModule, bayesian_modules
 from .embedding import BayesEmbedding
 from .layers import BayesConv, BayesConvTranspose, BayesLinear, SampleMode
+from .module_select import selector
 from .recurrent import BayesRNNBase
 
-__all__ = ["bayesify", "set_mode", "freeze", "unfreeze", "frozen", "bayesian_modules"]
+__all__ = ["bayesify", "last_layer", "set_mode", "freeze", "unfreeze", "frozen", "bayesian_modules"]
 
 #: torch module type -> Bayesian class (``cls.from_torch(module, init_from_weights=..., **options)``).
 _CONVERTIBLE = {
@@ -31,9 +31,6 @@ _CONVERTIBLE = {
 #: Modules already Bayesian (never converted, never entered).
 _BAYESIAN = (BayesianModule, BayesRNNBase, BayesMultiheadAttention)
 
-_WILDCARDS = frozenset("*?[")
-
-
 def _target(module: nn.Module):
     for t in type(module).__mro__:
         if t in _CONVERTIBLE:
@@ -41,39 +38,10 @@ def _target(module: nn.Module):
     return None
 
 
-def _selector(only, names: set):
-    """``selected(name, module) -> bool`` for ``only`` (``None``: everything)."""
-    if only is None:
-        return None
-    items = (only,) if isinstance(only, (str, type)) else tuple(only)
-    exact, patterns, types = set(), [], []
-    for item in items:
-        if isinstance(item, type) and issubclass(item, nn.Module):
-            types.append(item)
-        elif isinstance(item, str) and _WILDCARDS & set(item):
-            if not any(fnmatch.fnmatchcase(n, item) for n in names):
-                raise ValueError(f"only: the pattern {item!r} matches no module of the model")
-            patterns.append(item)
-        elif isinstance(item, str):
-            exact.add(item)
-        else:
-            raise TypeError(f"only: expected qualified module names, name patterns or nn.Module types, got {item!r}")
-    unknown = exact - names
-    if unknown:
-        raise ValueError(f"only: no modules named {sorted(unknown)} in the model")
-    types = tuple(types)
-
-    def selected(name: str, module: nn.Module) -> bool:
-        return (name in exact or any(fnmatch.fnmatchcase(name, p) for p in patterns)
-                or (bool(types) and isinstance(module, types)))
-
-    return selected
-
-
 def bayesify(model: nn.Module, *, posterior="normal", prior=None, kl_samples: int = 1,
              init_from_weights: bool = True, local_reparameterization: bool | None = None, flipout: bool = False,
              bayesian_bias: bool = False, rho_init: float | None = None, scale_transform=None, skip=(),
-             only=None, inplace: bool = False) -> nn.Module:
+             only=None, freeze_rest: bool | None = None, inplace: bool = False) -> nn.Module:
     """Replace the weighted modules of ``model`` by their Bayesian layers.
 
     Converted: ``Linear``, ``Conv*``, ``ConvTranspose*`` (:class:`~mcgraph.nn.BayesLinear`,
@@ -101,6 +69,9 @@ def bayesify(model: nn.Module, *, posterior="normal", prior=None, kl_samples: in
             (``fnmatch``: ``"encoder.layers.*.self_attn"``) or module types (``nn.MultiheadAttention``);
             a convertible module is converted when it or a module containing it is selected.
             ``None`` (default): every convertible module. ``skip`` still applies inside.
+        freeze_rest: set ``requires_grad=False`` on every Parameter outside the converted Bayesian
+            layers (a partial Bayesian network on a pretrained trunk). ``None`` (default): ``True``
+            when ``only`` is given, else ``False``; pass ``False`` to train the rest too.
         inplace: convert ``model`` itself; by default a deep copy is converted.
 
     Returns:
@@ -121,6 +92,8 @@ def bayesify(model: nn.Module, *, posterior="normal", prior=None, kl_samples: in
         >>> head_only = mg.nn.bayesify(net, only="classifier.5")  # the last layer only
         >>> len(mg.nn.bayesian_modules(head_only))
         1
+        >>> head_only.features[0].weight.requires_grad        # the rest is frozen (freeze_rest)
+        False
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -131,7 +104,11 @@ def bayesify(model: nn.Module, *, posterior="normal", prior=None, kl_samples: in
     unknown = skip - names
     if unknown:
         raise ValueError(f"skip: no modules named {sorted(unknown)} in the model")
-    selected = _selector(only, names)
+    selected = selector(only, names, "only")
+    if freeze_rest is None:
+        freeze_rest = only is not None
+    elif not isinstance(freeze_rest, bool):
+        raise TypeError(f"freeze_rest must be a bool or None, got {type(freeze_rest).__name__}")
     if not inplace:
         model = copy.deepcopy(model)
     options = dict(posterior=posterior, prior=prior, kl_samples=kl_samples,
@@ -168,7 +145,61 @@ def bayesify(model: nn.Module, *, posterior="normal", prior=None, kl_samples: in
         if isinstance(module, nn.TransformerEncoder) and any(
                 isinstance(m, BayesMultiheadAttention) for m in module.modules()):
             module.use_nested_tensor = False
+    if freeze_rest:
+        _freeze_outside(model, _BAYESIAN)
     return model
+
+
+def _freeze_outside(model: nn.Module, kinds: tuple) -> None:
+    """``requires_grad=False`` on every Parameter of ``model`` that no module of ``kinds`` holds."""
+    keep = {id(p) for m in model.modules() if isinstance(m, kinds) for p in m.parameters()}
+    for p in model.parameters():
+        if id(p) not in keep:
+            p.requires_grad_(False)
+
+
+def last_layer(model: nn.Module, *, freeze_rest: bool = True, **options) -> nn.Module:
+    """Make only the last ``nn.Linear`` of ``model`` Bayesian: ``bayesify(model, only=<its name>)``.
+
+    The last-layer Bayesian network (Kristiadi et al., 2020; Harrison et al., 2024): a pretrained
+    trunk kept as it is, a variational posterior over the output layer. "Last" is the last
+    ``nn.Linear`` in ``model.named_modules()`` order (the head of a ``Sequential``, the ``lm_head``
+    or ``classifier`` of a transformers model).
+
+    Args:
+        model: any ``nn.Module`` with at least one ``nn.Linear``.
+        freeze_rest: ``requires_grad=False`` on every other Parameter (default ``True``; the
+            pretrained weights stay as they are); ``False`` trains the trunk too.
+        **options: the keyword arguments of :func:`bayesify` (``posterior``, ``prior``,
+            ``kl_samples``, ``local_reparameterization``, ``rho_init``, ``inplace``, …), except
+            ``only`` and ``skip``.
+
+    Returns:
+        The converted model (a copy unless ``inplace=True``).
+
+    Raises:
+        ValueError: ``model`` has no ``nn.Linear``.
+        TypeError: ``model`` is not a module, or ``only`` / ``skip`` among ``options``.
+
+    Example:
+        >>> import torch, mcgraph as mg
+        >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+        >>> bnn = mg.nn.last_layer(net, posterior="normal", local_reparameterization=True)
+        >>> type(bnn[2]).__name__, bnn[0].weight.requires_grad, bnn[2].weight_rho.requires_grad
+        ('BayesLinear', False, True)
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    for name in ("only", "skip"):
+        if name in options:
+            raise TypeError(f"last_layer: {name}= is not an option here (the last nn.Linear is chosen); "
+                            f"use mg.nn.bayesify(model, {name}=...) for another selection")
+    inside_attention = {f"{name}.{child}" if name else child for name, m in model.named_modules()
+                        if isinstance(m, nn.MultiheadAttention) for child, _ in m.named_children()}
+    linear = [name for name, m in model.named_modules() if isinstance(m, nn.Linear) and name not in inside_attention]
+    if not linear:
+        raise ValueError(f"model: {type(model).__name__} has no nn.Linear layer to make Bayesian")
+    return bayesify(model, only=linear[-1], freeze_rest=freeze_rest, **options)
 
 
 def set_mode(model: nn.Module, mode: str | SampleMode) -> nn.Module:
