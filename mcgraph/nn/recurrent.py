@@ -22,9 +22,15 @@ kernel runs once per sample on its own rows; there is never a Python loop over t
 In ``"mean"`` mode the posterior means are the weights and the module computes exactly what
 ``nn.LSTM`` computes with those weights.
 
-Dropout between layers (``dropout > 0``, training mode) is drawn by the module itself,
-layer by layer, from the seeded streams of a sample run (global generator outside one), so a
-chunked estimate replays the very masks of its forward.
+Dropout between layers (``dropout > 0``, training mode; in evaluation mode too once
+:func:`~mcgraph.nn.mc_dropout` has set ``mc_dropout``) is drawn by the module itself, layer by
+layer: one ``(L, N, H)`` mask per Monte Carlo sample (where torch draws one per forward), from the
+seeded streams of a sample run (global generator outside one), so a chunked estimate replays the
+very masks of its forward.
+
+:class:`FusedRNNBase` holds torch's interface and the runs of the fused kernel for weights given
+per sample by a subclass (:meth:`FusedRNNBase._weights`); :class:`BayesRNNBase` draws them from
+its sites, :class:`mcgraph.nn.mc_dropout.MCDropoutRNN` hands in a torch module's own weights.
 
 Example:
     >>> import torch, mcgraph as mg
@@ -48,10 +54,10 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 
 from ..engine import checks
 from .context import current_window
-from .layers import BayesLinear
-from .weight_sites import sampled_weights_only, site_weights
+from .layers import BayesLayer, BayesLinear
+from .weight_sites import SiteWeights, sampled_weights_only, site_weights
 
-__all__ = ["BayesRNNBase", "BayesLSTM", "BayesGRU", "BayesRNN", "RECURRENT_KERNELS"]
+__all__ = ["FusedRNNBase", "BayesRNNBase", "BayesLSTM", "BayesGRU", "BayesRNN", "RECURRENT_KERNELS"]
 
 #: ``mode -> (gates per hidden unit, fused kernel)``.
 RECURRENT_KERNELS = {
@@ -78,26 +84,30 @@ def _packed_index(batch_sizes: torch.Tensor, sorted_indices: torch.Tensor | None
     return t, b
 
 
-class BayesRNNBase(nn.Module):
-    """Base of the Bayesian recurrent layers (the counterpart of ``torch.nn.RNNBase``).
+class FusedRNNBase(nn.Module):
+    """torch's recurrent interface run on torch's fused kernels, for weights given per sample by a subclass.
+
+    The counterpart of ``torch.nn.RNNBase`` without parameters of its own: a subclass defines
+    :meth:`_weights` (torch's flat weight list for every Monte Carlo sample of the active window)
+    and :attr:`_weight_dtype`. Everything else (argument checks, ``hx``, unbatched and packed input,
+    one kernel call per sample on its own batch rows, seeded dropout between layers) lives here.
 
     Args:
         mode: ``"LSTM"``, ``"GRU"``, ``"RNN_TANH"`` or ``"RNN_RELU"``.
         input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
             proj_size: as in ``torch.nn.LSTM`` (``proj_size`` for the LSTM only).
-        device, dtype: factory arguments of the parameters.
-        **options: the options of every site (:class:`~mcgraph.nn.BayesLayer`): ``posterior``,
-            ``prior``, ``kl_samples``, ``bayesian_bias``, ``rho_init``, ``scale_transform``.
-            ``local_reparameterization`` and ``flipout`` act on a layer's pre-activations, which the
-            fused kernel keeps to itself: they must be left unset (or ``False``).
+
+    Attributes:
+        mc_dropout: keep the dropout between layers on in evaluation mode too (MC dropout, set by
+            :func:`~mcgraph.nn.mc_dropout`); by default it follows ``self.training`` as torch's does.
 
     Raises:
-        ValueError: an argument out of range (named in the message), or an estimator option.
+        ValueError: an argument out of range (named in the message).
     """
 
     def __init__(self, mode: str, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
-                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0,
-                 *, device=None, dtype=None, **options) -> None:
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 proj_size: int = 0) -> None:
         super().__init__()
         if mode not in RECURRENT_KERNELS:
             raise ValueError(f"mode must be one of {sorted(RECURRENT_KERNELS)}, got {mode!r}")
@@ -111,7 +121,7 @@ class BayesRNNBase(nn.Module):
         if dropout > 0 and num_layers == 1:
             warnings.warn(f"dropout option adds dropout after all but last recurrent layer, so non-zero dropout "
                           f"expects num_layers greater than 1, but got dropout={dropout} and num_layers={num_layers}",
-                          stacklevel=3)
+                          stacklevel=4)
         if isinstance(proj_size, bool) or not isinstance(proj_size, numbers.Integral) or proj_size < 0:
             raise ValueError(f"proj_size must be a non-negative int, got {proj_size!r}")
         if proj_size >= hidden_size:
@@ -119,32 +129,12 @@ class BayesRNNBase(nn.Module):
                              f"hidden_size={hidden_size}")
         if proj_size and mode != "LSTM":
             raise ValueError(f"proj_size is an LSTM argument, got proj_size={proj_size} for mode {mode!r}")
-        sampled_weights_only(options, "recurrent layers", "the fused recurrent kernel takes weights, so "
-                                                           "weights are sampled (once per sequence)")
         self.bias = bool(bias)
         self.batch_first = bool(batch_first)
         self.dropout = float(dropout)
         self.bidirectional = bool(bidirectional)
         self.proj_size = int(proj_size)
-        gates, _ = RECURRENT_KERNELS[mode]
-        directions = 2 if bidirectional else 1
-        real_hidden = proj_size or hidden_size
-        fk = {"device": device, "dtype": dtype}
-        self._site_names: list[list[str]] = []  # per (layer, direction): ih, hh[, hr]
-        for layer in range(num_layers):
-            for direction in range(directions):
-                suffix = f"_l{layer}" + ("_reverse" if direction else "")
-                layer_input = input_size if layer == 0 else real_hidden * directions
-                names = [f"ih{suffix}", f"hh{suffix}"]
-                setattr(self, names[0], BayesLinear(layer_input, gates * hidden_size, bias, **fk, **options))
-                setattr(self, names[1], BayesLinear(real_hidden, gates * hidden_size, bias, **fk, **options))
-                if proj_size:
-                    names.append(f"hr{suffix}")
-                    setattr(self, names[2], BayesLinear(hidden_size, proj_size, False, **fk, **options))
-                self._site_names.append(names)
-        self.reset_parameters()
-
-    # ------------------------------------------------------------------ parameters
+        self.mc_dropout = False
 
     @property
     def num_directions(self) -> int:
@@ -155,55 +145,31 @@ class BayesRNNBase(nn.Module):
         """Whether the module draws dropout masks itself (sample runs then give it seeded streams)."""
         return self.dropout > 0 and self.num_layers > 1
 
-    def sites(self) -> list[BayesLinear]:
-        """The Bayesian sites in torch's flat-weight order (per layer and direction: ih, hh[, hr])."""
-        return [getattr(self, n) for names in self._site_names for n in names]
-
-    @torch.no_grad()
-    def reset_parameters(self) -> None:
-        """μ and the biases as torch initialises the module (uniform in ±1/√hidden_size), ρ = ``rho_init``."""
-        stdv = 1.0 / math.sqrt(self.hidden_size)
-        for site in self.sites():
-            site.weight_mu.uniform_(-stdv, stdv)
-            site.weight_rho.fill_(site.rho_init)
-            if site.bias is not None:
-                site.bias.uniform_(-stdv, stdv)
-            if site.bias_mu is not None:
-                site.bias_mu.uniform_(-stdv, stdv)
-                site.bias_rho.fill_(site.rho_init)
+    @property
+    def _dropout_active(self) -> bool:
+        return (self.training or self.mc_dropout) and self.dropout > 0 and self.num_layers > 1
 
     def flatten_parameters(self) -> None:
-        """Nothing to do (the weights are sampled for every forward); kept for ``nn.LSTM`` code."""
+        """Nothing to do (the weights are handed to the kernel at every forward); kept for ``nn.LSTM`` code."""
 
-    # ------------------------------------------------------------------ weights
+    # ------------------------------------------------------------------ weights (the subclass's part)
 
     def _weights(self):
-        """``(flat(s), any_sampled)``: ``flat(s)`` is torch's flat weight list for sample ``s``."""
-        per_site = [site_weights(site) for site in self.sites()]
-        sampled = any(w.batched for w in per_site)
-        layout, i = [], 0
-        for names in self._site_names:
-            layout.append(per_site[i:i + len(names)])
-            i += len(names)
+        """``(flat(s), any_sampled)``: ``flat(s)`` is torch's flat weight list for sample ``s`` of the window
+        (per layer and direction: ``w_ih, w_hh[, b_ih, b_hh][, w_hr]``); ``any_sampled`` whether they differ
+        between samples."""
+        raise NotImplementedError
 
-        def flat(s: int) -> list[torch.Tensor]:
-            weights = []
-            for group in layout:
-                (w_ih, b_ih), (w_hh, b_hh) = group[0].at(s), group[1].at(s)
-                weights += [w_ih, w_hh]
-                if self.bias:
-                    weights += [b_ih, b_hh]
-                if len(group) == 3:
-                    weights.append(group[2].at(s)[0])
-            return weights
-
-        return flat, sampled
+    @property
+    def _weight_dtype(self) -> torch.dtype:
+        raise NotImplementedError
 
     # ------------------------------------------------------------------ checks
 
     def _check_input(self, x: torch.Tensor, batch_sizes) -> None:
-        if x.dtype != self.ih_l0.weight_mu.dtype and not torch.is_autocast_enabled():
-            raise ValueError(f"input: dtype {x.dtype} does not match the weights' dtype {self.ih_l0.weight_mu.dtype}")
+        dtype = self._weight_dtype
+        if x.dtype != dtype and not torch.is_autocast_enabled():
+            raise ValueError(f"input: dtype {x.dtype} does not match the weights' dtype {dtype}")
         if x.size(-1) != self.input_size:
             raise ValueError(f"input: the last dimension must be input_size={self.input_size}, "
                              f"got shape {tuple(x.shape)}")
@@ -305,10 +271,6 @@ class BayesRNNBase(nn.Module):
             hidden = self._map_hidden(hidden, lambda t: t.squeeze(1))
         return out, hidden
 
-    @property
-    def _dropout_active(self) -> bool:
-        return self.training and self.dropout > 0 and self.num_layers > 1
-
     def _run_samples(self, x, hx, flat, S: int, rows: int):
         bd = 0 if self.batch_first else 1
         outs, hiddens = [], []
@@ -405,6 +367,131 @@ class BayesRNNBase(nn.Module):
 
     # ------------------------------------------------------------------ conversion
 
+    def extra_repr(self) -> str:
+        s = f"{self.input_size}, {self.hidden_size}"
+        if self.proj_size:
+            s += f", proj_size={self.proj_size}"
+        if self.num_layers != 1:
+            s += f", num_layers={self.num_layers}"
+        if not self.bias:
+            s += ", bias=False"
+        if self.batch_first:
+            s += ", batch_first=True"
+        if self.dropout:
+            s += f", dropout={self.dropout}"
+        if self.bidirectional:
+            s += ", bidirectional=True"
+        if self.mc_dropout:
+            s += ", mc_dropout=True"
+        return s
+
+
+class BayesRNNBase(FusedRNNBase):
+    """Base of the Bayesian recurrent layers (the counterpart of ``torch.nn.RNNBase``).
+
+    Args:
+        mode: ``"LSTM"``, ``"GRU"``, ``"RNN_TANH"`` or ``"RNN_RELU"``.
+        input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
+            proj_size: as in ``torch.nn.LSTM`` (``proj_size`` for the LSTM only).
+        device, dtype: factory arguments of the parameters.
+        **options: the options of every site (:class:`~mcgraph.nn.BayesLayer`): ``posterior``,
+            ``prior``, ``kl_samples``, ``bayesian_bias``, ``rho_init``, ``scale_transform``.
+            ``local_reparameterization`` and ``flipout`` act on a layer's pre-activations, which the
+            fused kernel keeps to itself: they must be left unset (or ``False``).
+
+    Raises:
+        ValueError: an argument out of range (named in the message), or an estimator option.
+    """
+
+    def __init__(self, mode: str, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0,
+                 *, device=None, dtype=None, **options) -> None:
+        super().__init__(mode, input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
+                         proj_size)
+        sampled_weights_only(options, "recurrent layers", "the fused recurrent kernel takes weights, so "
+                                                           "weights are sampled (once per sequence)")
+        gates, _ = RECURRENT_KERNELS[mode]
+        directions = self.num_directions
+        real_hidden = proj_size or hidden_size
+        fk = {"device": device, "dtype": dtype}
+        self._site_names: list[list[str]] = []  # per (layer, direction): ih, hh[, hr]
+        for layer in range(num_layers):
+            for direction in range(directions):
+                suffix = f"_l{layer}" + ("_reverse" if direction else "")
+                layer_input = input_size if layer == 0 else real_hidden * directions
+                names = [f"ih{suffix}", f"hh{suffix}"]
+                setattr(self, names[0], BayesLinear(layer_input, gates * hidden_size, bias, **fk, **options))
+                setattr(self, names[1], BayesLinear(real_hidden, gates * hidden_size, bias, **fk, **options))
+                if proj_size:
+                    names.append(f"hr{suffix}")
+                    setattr(self, names[2], BayesLinear(hidden_size, proj_size, False, **fk, **options))
+                self._site_names.append(names)
+        self.reset_parameters()
+
+    # ------------------------------------------------------------------ parameters
+
+    def sites(self) -> list[BayesLayer]:
+        """The Bayesian sites in the order of :attr:`_site_names` (torch's: per layer and direction ih, hh[, hr])."""
+        return [getattr(self, n) for names in self._site_names for n in names]
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """μ and the biases as torch initialises the module (uniform in ±1/√hidden_size), ρ = ``rho_init``."""
+        stdv = 1.0 / math.sqrt(self.hidden_size)
+        for site in self.sites():
+            site.weight_mu.uniform_(-stdv, stdv)
+            site.weight_rho.fill_(site.rho_init)
+            if site.bias is not None:
+                site.bias.uniform_(-stdv, stdv)
+            if site.bias_mu is not None:
+                site.bias_mu.uniform_(-stdv, stdv)
+                site.bias_rho.fill_(site.rho_init)
+
+    # ------------------------------------------------------------------ weights
+
+    @property
+    def _weight_dtype(self) -> torch.dtype:
+        return self.sites()[0].weight_mu.dtype
+
+    def _layer_weights(self, draws: list[SiteWeights], s: int) -> list[torch.Tensor]:
+        """torch's flat weights of one (layer, direction) for sample ``s``: ``w_ih, w_hh[, b_ih, b_hh][, w_hr]``.
+
+        ``draws`` are the :class:`~mcgraph.nn.weight_sites.SiteWeights` of that group's sites, in
+        :attr:`_site_names` order. A subclass whose sites hold the weights in another layout (a
+        converted layer of another library) maps them here.
+        """
+        (w_ih, b_ih), (w_hh, b_hh) = draws[0].at(s), draws[1].at(s)
+        weights = [w_ih, w_hh]
+        if self.bias:
+            weights += [b_ih, b_hh]
+        if len(draws) == 3:
+            weights.append(draws[2].at(s)[0])
+        return weights
+
+    def _weights(self):
+        per_site = [site_weights(site) for site in self.sites()]
+        sampled = any(w.batched for w in per_site)
+        layout, i = [], 0
+        for names in self._site_names:
+            layout.append(per_site[i:i + len(names)])
+            i += len(names)
+
+        def flat(s: int) -> list[torch.Tensor]:
+            return [w for group in layout for w in self._layer_weights(group, s)]
+
+        return flat, sampled
+
+    def _mean_weights(self) -> list[torch.Tensor]:
+        """torch's flat weight list of the posterior means (what ``"mean"`` mode runs)."""
+        means = [SiteWeights(site.weight_mu, site._bias_mean, False) for site in self.sites()]
+        out, i = [], 0
+        for names in self._site_names:
+            out += self._layer_weights(means[i:i + len(names)], 0)
+            i += len(names)
+        return out
+
+    # ------------------------------------------------------------------ conversion
+
     @classmethod
     def from_torch(cls, module: nn.RNNBase, *, init_from_weights: bool = True, **options) -> "BayesRNNBase":
         """The Bayesian counterpart of an ``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` (μ and biases copied from it)."""
@@ -440,10 +527,9 @@ class BayesRNNBase(nn.Module):
 
     def to_torch(self) -> nn.RNNBase:
         """A torch module of the same shape holding the posterior means (the ``"mean"`` mode's function)."""
-        site = self.ih_l0
-        factory = {"device": site.weight_mu.device, "dtype": site.weight_mu.dtype}
+        p = self.sites()[0].weight_mu
         kwargs = dict(num_layers=self.num_layers, bias=self.bias, batch_first=self.batch_first,
-                      dropout=self.dropout, bidirectional=self.bidirectional, **factory)
+                      dropout=self.dropout, bidirectional=self.bidirectional, device=p.device, dtype=p.dtype)
         if self.mode == "LSTM":
             module = nn.LSTM(self.input_size, self.hidden_size, proj_size=self.proj_size, **kwargs)
         elif self.mode == "GRU":
@@ -451,33 +537,9 @@ class BayesRNNBase(nn.Module):
         else:
             module = nn.RNN(self.input_size, self.hidden_size, nonlinearity=self.mode[4:].lower(), **kwargs)
         with torch.no_grad():
-            for names in self._site_names:
-                suffix = names[0][2:]
-                ih, hh = getattr(self, names[0]), getattr(self, names[1])
-                getattr(module, f"weight_ih{suffix}").copy_(ih.weight_mu)
-                getattr(module, f"weight_hh{suffix}").copy_(hh.weight_mu)
-                if self.bias:
-                    getattr(module, f"bias_ih{suffix}").copy_(ih._bias_mean)
-                    getattr(module, f"bias_hh{suffix}").copy_(hh._bias_mean)
-                if len(names) == 3:
-                    getattr(module, f"weight_hr{suffix}").copy_(getattr(self, names[2]).weight_mu)
+            for name, value in zip(module._flat_weights_names, self._mean_weights(), strict=True):
+                getattr(module, name).copy_(value)
         return module
-
-    def extra_repr(self) -> str:
-        s = f"{self.input_size}, {self.hidden_size}"
-        if self.proj_size:
-            s += f", proj_size={self.proj_size}"
-        if self.num_layers != 1:
-            s += f", num_layers={self.num_layers}"
-        if not self.bias:
-            s += ", bias=False"
-        if self.batch_first:
-            s += ", batch_first=True"
-        if self.dropout:
-            s += f", dropout={self.dropout}"
-        if self.bidirectional:
-            s += ", bidirectional=True"
-        return s
 
 
 class BayesLSTM(BayesRNNBase):
