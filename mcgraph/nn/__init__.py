@@ -26,7 +26,7 @@ from . import sparse_vd
 from .sparse_vd import SparseVD, SparseVDNormal
 from .ard import ARDPrior, ard_kl, ard_precision
 from .pruning import LayerSparsity, SparsityReport, layer_log_alpha, prune, prune_l1, sparsity
-from .mc_dropout import MCDropout, mc_dropout
+from .mc_dropout import MCDropout, MCDropoutRNN, mc_dropout
 from .recurrent import BayesGRU, BayesLSTM, BayesRNN, BayesRNNBase
 from .embedding import BayesEmbedding
 from .attention import BayesMultiheadAttention
@@ -45,6 +45,6 @@ __all__ = [
     "set_mode", "softmax_cross_entropy_mc", "softplus_beta", "unfreeze", "SCALE_TRANSFORMS", "ScaleTransform",
     "layer_options", "LAYER_KL", "divergence", "find_layer_kl", "register_layer_kl", "sparse_vd", "SparseVD",
     "SparseVDNormal", "ARDPrior", "ard_kl", "ard_precision", "LayerSparsity", "SparsityReport", "layer_log_alpha",
-    "prune", "prune_l1", "sparsity", "MCDropout", "mc_dropout", "BayesLSTM", "BayesGRU", "BayesRNN",
+    "prune", "prune_l1", "sparsity", "MCDropout", "MCDropoutRNN", "mc_dropout", "BayesLSTM", "BayesGRU", "BayesRNN",
     "BayesRNNBase", "BayesEmbedding", "BayesMultiheadAttention", "BayesLoRA", "AdapterDropout", "bayesian_lora",
 ]

@@ -13,6 +13,14 @@ Inside a sample run the masks are seeded like a Bayesian layer's noise: sample `
 of the module's own stream, so a ``seed`` reproduces the prediction for any chunk size. Outside a
 run (a plain ``model(x)``) they come from torch's global generator.
 
+Recurrent layers: the dropout that ``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` apply between stacked
+layers (their ``dropout=`` argument, training mode only in torch) is kept on too: such a module
+becomes an :class:`MCDropoutRNN` holding the very same Parameters, which runs torch's fused
+kernel layer by layer and draws one ``(L, N, H)`` mask per layer boundary and Monte Carlo sample
+(torch draws one per forward; a sample here is one forward of the sequence, never a mask per time
+step). The Bayesian recurrent layers (:class:`~mcgraph.nn.BayesLSTM`, …) keep their own dropout
+on (``mc_dropout = True``).
+
 Example:
     >>> import torch, mcgraph as mg
     >>> net = torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.ReLU(), torch.nn.Dropout(0.2),
@@ -32,8 +40,9 @@ import torch
 from torch import nn
 
 from .context import NoiseKind, current_window
+from .recurrent import FusedRNNBase
 
-__all__ = ["MCDropout", "mc_dropout"]
+__all__ = ["MCDropout", "MCDropoutRNN", "mc_dropout"]
 
 _DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
 
@@ -97,8 +106,75 @@ class MCDropout(nn.Module):
         return f"p={self.p}" + (", channelwise=True" if self.channelwise else "")
 
 
+class MCDropoutRNN(FusedRNNBase):
+    """A torch ``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` whose dropout between layers is always on (also in ``eval()``).
+
+    The module's Parameters are registered under torch's names (``weight_ih_l0``, …): the same
+    objects, so the ``state_dict`` keys and values are the torch module's. Every forward runs
+    torch's fused kernel one layer at a time on those weights and multiplies the output of every
+    layer but the last by a mask ``z / (1 − p)``, ``z ~ Bernoulli(1 − p)`` per element of the
+    ``(L, N, H)`` output: one mask per sequence batch and Monte Carlo sample, seeded per sample
+    inside a sample run (the global generator outside one).
+
+    Args:
+        module: an ``nn.LSTM``, ``nn.GRU`` or ``nn.RNN`` with ``num_layers > 1``.
+        p: the rate (default: ``module.dropout``), in [0, 1).
+
+    Shape:
+        As the torch module: ``forward(input, hx=None)`` with its input forms and return values.
+
+    Example:
+        >>> import torch, mcgraph as mg
+        >>> lstm = torch.nn.LSTM(3, 8, num_layers=2, dropout=0.3, batch_first=True)
+        >>> mc = mg.nn.MCDropoutRNN(lstm).eval()
+        >>> mc.weight_ih_l0 is lstm.weight_ih_l0
+        True
+        >>> x = torch.randn(2, 5, 3)
+        >>> torch.equal(mc(x)[0], mc(x)[0])             # a new mask at every forward, in eval mode too
+        False
+    """
+
+    def __init__(self, module: nn.RNNBase, p: float | None = None) -> None:
+        if not isinstance(module, (nn.LSTM, nn.GRU, nn.RNN)):
+            raise TypeError(f"module must be an nn.LSTM, nn.GRU or nn.RNN, got {type(module).__name__}")
+        if module.num_layers < 2:
+            raise ValueError(f"module: dropout acts between stacked layers, so num_layers must be at least 2, "
+                             f"got {module.num_layers}")
+        rate = _check_p(module.dropout if p is None else p)
+        mode = module.mode if not isinstance(module, nn.RNN) else f"RNN_{module.nonlinearity.upper()}"
+        super().__init__(mode, module.input_size, module.hidden_size, module.num_layers, module.bias,
+                         module.batch_first, rate, module.bidirectional, getattr(module, "proj_size", 0))
+        if isinstance(module, nn.RNN):
+            self.nonlinearity = module.nonlinearity
+        self._flat_weights_names = list(module._flat_weights_names)
+        for name in self._flat_weights_names:
+            self.register_parameter(name, getattr(module, name))
+        self.mc_dropout = True
+
+    @property
+    def p(self) -> float:
+        """The dropout rate (torch's ``dropout``)."""
+        return self.dropout
+
+    @property
+    def _weight_dtype(self) -> torch.dtype:
+        return getattr(self, self._flat_weights_names[0]).dtype
+
+    def _weights(self):
+        weights = [getattr(self, name) for name in self._flat_weights_names]
+        return (lambda s: weights), False
+
+
+def _is_recurrent_dropout(module: nn.Module) -> bool:
+    return isinstance(module, (nn.LSTM, nn.GRU, nn.RNN)) and module.dropout > 0 and module.num_layers > 1
+
+
 def mc_dropout(model: nn.Module, *, p: float | None = None, inplace: bool = False) -> nn.Module:
     """The MC-dropout model of ``model``: every ``nn.Dropout`` / ``Dropout{1,2,3}d`` replaced by :class:`MCDropout`.
+
+    Recurrent modules with dropout between layers (``nn.LSTM(..., num_layers > 1, dropout > 0)``,
+    likewise ``nn.GRU`` / ``nn.RNN``) become :class:`MCDropoutRNN` holding the same Parameters; the
+    Bayesian recurrent layers keep their dropout on (``mc_dropout = True``).
 
     The returned model is in ``eval()`` mode (BatchNorm uses its running statistics) and its
     dropout stays active; predict with :func:`mcgraph.nn.predict` (``num_samples`` masks).
@@ -113,15 +189,16 @@ def mc_dropout(model: nn.Module, *, p: float | None = None, inplace: bool = Fals
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module``.
-        ValueError: ``model`` has no dropout module, or ``p`` is not in [0, 1).
+        ValueError: ``model`` has no dropout module (nor recurrent dropout), or ``p`` is not in [0, 1).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if p is not None:
         p = _check_p(p)
-    if not any(isinstance(m, _DROPOUT) or isinstance(m, MCDropout) for m in model.modules()):
-        raise ValueError("model: has no dropout module (nn.Dropout, nn.Dropout1d/2d/3d) to keep active; "
-                         "train the network with dropout first")
+    if not any(isinstance(m, (*_DROPOUT, MCDropout)) or _is_recurrent_dropout(m)
+               or (isinstance(m, FusedRNNBase) and m.draws_run_noise) for m in model.modules()):
+        raise ValueError("model: has no dropout module (nn.Dropout, nn.Dropout1d/2d/3d, nor an nn.LSTM/GRU/RNN "
+                         "with dropout between layers) to keep active; train the network with dropout first")
     if not inplace:
         model = copy.deepcopy(model)
     for parent in list(model.modules()):
@@ -131,4 +208,11 @@ def mc_dropout(model: nn.Module, *, p: float | None = None, inplace: bool = Fals
                 setattr(parent, name, MCDropout(rate, channelwise=not type(child) is nn.Dropout))
             elif isinstance(child, MCDropout) and p is not None:
                 child.p = p
+            elif _is_recurrent_dropout(child):
+                setattr(parent, name, MCDropoutRNN(child, p))
+    for module in model.modules():
+        if isinstance(module, FusedRNNBase) and module.draws_run_noise:
+            module.mc_dropout = True
+            if p is not None:
+                module.dropout = p
     return model.eval()
