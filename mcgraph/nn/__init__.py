@@ -18,7 +18,7 @@ from .variational import (KL_SCHEDULES, BlundellKL, ConstantKL, ELBOTerms, KLSch
 from .layers import (BayesConv, BayesConv1d, BayesConv2d, BayesConv3d, BayesConvTranspose, BayesConvTranspose1d,
                      BayesConvTranspose2d, BayesConvTranspose3d, BayesLayer, BayesLinear, SampleMode)
 from .likelihood import (LIKELIHOODS, SoftmaxCrossEntropyMC, expected_log_likelihood, log_likelihood,
-                         softmax_cross_entropy_mc)
+                         softmax_cross_entropy_mc, token_log_likelihood)
 from .prediction import Prediction, can_vectorize, forward_samples, predict
 from .priors import POSTERIORS, PRIORS, layer_options, make_prior, register_posterior, register_prior
 from .layer_kl import LAYER_KL, divergence, find_layer_kl, register_layer_kl
@@ -47,4 +47,5 @@ __all__ = [
     "SparseVDNormal", "ARDPrior", "ard_kl", "ard_precision", "LayerSparsity", "SparsityReport", "layer_log_alpha",
     "prune", "prune_l1", "sparsity", "MCDropout", "MCDropoutRNN", "mc_dropout", "BayesLSTM", "BayesGRU", "BayesRNN",
     "BayesRNNBase", "BayesEmbedding", "BayesMultiheadAttention", "BayesLoRA", "AdapterDropout", "bayesian_lora",
+    "token_log_likelihood",
 ]

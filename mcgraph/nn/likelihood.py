@@ -20,6 +20,10 @@ so E_q[log p(y | u)] needs M samples of a ``(B, K)`` tensor, not of the network.
 Both consume the noise the last layer draws inside a sample run with the same
 seed, so the value equals the whole-network estimate of
 :func:`~mcgraph.nn.elbo` when only the last layer is stochastic.
+
+The per-row likelihoods of the whole-network ELBO are a :data:`LIKELIHOODS` registry:
+``"categorical"``, ``"gaussian"`` and ``"token_categorical"`` (causal language models, see
+:func:`token_log_likelihood`).
 """
 
 from __future__ import annotations
@@ -39,7 +43,10 @@ from .context import NoiseKind, bayesian_modules, capture, noise_stream, normal_
 from .layers import SampleMode
 
 __all__ = ["SoftmaxCrossEntropyMC", "softmax_cross_entropy_mc", "expected_log_likelihood", "log_likelihood",
-           "LIKELIHOODS"]
+           "LIKELIHOODS", "IGNORE_INDEX", "is_per_token", "token_log_likelihood", "mask_labels"]
+
+#: Label of a position that contributes nothing (HuggingFace's and ``F.cross_entropy``'s ``ignore_index``).
+IGNORE_INDEX = -100
 
 
 def _categorical(output: torch.Tensor, target: torch.Tensor, noise_std) -> torch.Tensor:
@@ -54,10 +61,85 @@ def _gaussian(output: torch.Tensor, target: torch.Tensor, noise_std) -> torch.Te
     return ll.reshape(ll.shape[0], -1).sum(1)
 
 
+def token_log_likelihood(logits: torch.Tensor, labels: torch.Tensor, noise_std=None) -> torch.Tensor:
+    """Log-likelihood of each sequence under a causal LM: ``(N, T, V)`` logits, ``(N, T)`` labels → ``(N,)``.
+
+    The labels are **shifted inside**, as HuggingFace's causal LMs do (``labels = input_ids`` is
+    right): the logits at position t score the label at position t + 1,
+
+    .. math::
+        \\log p(y_n) = \\sum_{t=0}^{T-2} [y_{n,t+1} \\ne -100]\\,
+        \\log\\operatorname{softmax}(\\text{logits}_{n,t})_{y_{n,t+1}},
+
+    and positions labelled :data:`IGNORE_INDEX` (−100) count for nothing. The sum is over tokens,
+    not their mean: with ``n`` counted tokens in a batch of ``B`` sequences, the mean of this over
+    the batch is ``−outputs.loss · n / B`` for transformers' own ``outputs.loss`` (a mean over the
+    batch's tokens), so the ELBO's ``dataset_size`` counts sequences.
+
+    Args:
+        logits: ``(N, T, V)`` next-token logits.
+        labels: ``(N, T)`` token ids in ``[0, V)`` or −100.
+        noise_std: unused (the registry's signature).
+
+    Example:
+        >>> import torch, mcgraph as mg
+        >>> logits = torch.zeros(2, 4, 10)                       # uniform over 10 tokens
+        >>> labels = torch.tensor([[1, 2, 3, 4], [5, 6, -100, -100]])
+        >>> mg.nn.token_log_likelihood(logits, labels) / -torch.log(torch.tensor(10.))
+        tensor([3., 1.])
+    """
+    if logits.dim() != 3:
+        raise ValueError(f"logits: a token likelihood needs (N, T, V) logits, got shape {tuple(logits.shape)}")
+    if labels.shape != logits.shape[:2]:
+        raise ValueError(f"labels must have shape {tuple(logits.shape[:2])} (one label per position of the logits), "
+                         f"got {tuple(labels.shape)}")
+    if labels.dtype.is_floating_point or labels.dtype == torch.bool:
+        raise TypeError(f"labels must be integer token ids, got dtype {labels.dtype}")
+    n, t, v = logits.shape
+    shifted = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)  # position t scores label t + 1
+    nll = F.cross_entropy(logits.reshape(n * t, v), shifted.reshape(n * t).long(), ignore_index=IGNORE_INDEX,
+                          reduction="none")
+    return -nll.reshape(n, t).sum(1)
+
+
+token_log_likelihood.per_token = True
+
+
+def is_per_token(likelihood) -> bool:
+    """Whether ``likelihood`` (a name or a callable) scores ``(N, T, V)`` logits position by position.
+
+    A registered likelihood declares it with the attribute ``per_token = True``. ``mg.nn`` then
+    sets the labels of positions whose ``attention_mask`` is 0 to −100 (:func:`mask_labels`),
+    evaluates one sample per chunk unless told otherwise (a sequence model's activations and
+    ``(B, T, V)`` logits dwarf its weights), and :func:`~mcgraph.nn.predict` returns next-token
+    probabilities.
+    """
+    if callable(likelihood) and not isinstance(likelihood, str):
+        return bool(getattr(likelihood, "per_token", False))
+    return isinstance(likelihood, str) and bool(getattr(LIKELIHOODS.get(likelihood), "per_token", False))
+
+
+def mask_labels(labels: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """``labels`` with :data:`IGNORE_INDEX` wherever ``attention_mask`` is 0 (padding scores nothing).
+
+    HuggingFace counts every label that is not −100, padded or not; its collators set padded
+    labels to −100. Masking here as well makes a padded position count for nothing whatever its
+    label, so ``labels = input_ids`` is safe with padding.
+    """
+    if attention_mask is None:
+        return labels
+    if attention_mask.shape != labels.shape:
+        raise ValueError(f"x['attention_mask'] must have the labels' shape {tuple(labels.shape)}, got "
+                         f"{tuple(attention_mask.shape)}")
+    return labels.masked_fill(attention_mask == 0, IGNORE_INDEX)
+
+
 LIKELIHOODS: Registry = Registry("likelihood")
-"""``name -> fn(output (N, …), target (N, …), noise_std) -> log-likelihood per row (N,)``."""
+"""``name -> fn(output (N, …), target (N, …), noise_std) -> log-likelihood per row (N,)``; a function
+with ``per_token = True`` scores ``(N, T, V)`` logits per position (:func:`is_per_token`)."""
 LIKELIHOODS.register("categorical", _categorical)
 LIKELIHOODS.register("gaussian", _gaussian)
+LIKELIHOODS.register("token_categorical", token_log_likelihood)
 
 
 def log_likelihood(likelihood, output: torch.Tensor, target: torch.Tensor, noise_std=1.0) -> torch.Tensor:
@@ -66,7 +148,9 @@ def log_likelihood(likelihood, output: torch.Tensor, target: torch.Tensor, noise
     Args:
         likelihood: ``"categorical"`` (softmax over dim 1 of the logits, targets are class
             indices), ``"gaussian"`` (N(target; output, noise_std²), summed over non-batch
-            dims), or a callable ``(output, target) -> (N,)``.
+            dims), ``"token_categorical"`` (a causal LM's ``(N, T, V)`` logits against ``(N, T)``
+            labels, shifted inside, −100 ignored: :func:`token_log_likelihood`), or a callable
+            ``(output, target) -> (N,)``.
     """
     if callable(likelihood) and not isinstance(likelihood, str):
         out = likelihood(output, target)

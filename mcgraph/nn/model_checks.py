@@ -8,6 +8,10 @@
 * ``x`` / ``y`` of the wrong kind or shape: errors that name ``x`` or ``y`` and the shape expected,
   rather than an internal shape of the M·B repeated batch.
 
+``x`` is a tensor ``(B, …)`` (the model's one positional input) or a mapping of keyword inputs
+whose tensors all have B rows (a HuggingFace batch: ``input_ids``, ``attention_mask``, …; the
+model is called as ``model(**x)``). A ``labels`` entry is the targets ``y`` (:func:`split_batch`).
+
 Example:
     >>> import torch, mcgraph as mg
     >>> mg.nn.kl(torch.nn.Linear(3, 2))
@@ -18,12 +22,15 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
 from .context import BayesianModule
 
-__all__ = ["FOREIGN_LIBRARIES", "foreign_bayesian_layers", "require_bayesian", "check_batch", "input_hint"]
+__all__ = ["FOREIGN_LIBRARIES", "foreign_bayesian_layers", "require_bayesian", "check_batch", "input_hint",
+           "batch_size", "split_batch", "input_grads", "describe_batch", "check_token_labels", "check_token_output"]
 
 #: Top-level packages of the Bayesian-layer libraries ``mcgraph.interop`` converts, and the name of
 #: the adapter module (``mcgraph.interop.<name>.to_mcgraph``). Read by class, never imported.
@@ -83,15 +90,93 @@ def input_hint(model: nn.Module) -> str:
     return ""
 
 
+def split_batch(x, y, caller: str):
+    """``(inputs, y)``: a mapping ``x`` loses its ``labels`` entry, which becomes ``y`` when ``y`` is ``None``.
+
+    The model is never given ``labels`` (a HuggingFace model would compute its own loss on every
+    forward). Both ``y`` and ``x['labels']`` given is an error, as is a mapping ``x`` that is not
+    keyword inputs (non-string keys).
+    """
+    if not isinstance(x, Mapping):
+        return x, y
+    bad = [k for k in x if not isinstance(k, str)]
+    if bad:
+        raise TypeError(f"{caller}: x as a mapping holds the model's keyword inputs, so its keys must be str, "
+                        f"got {bad[0]!r}")
+    if "labels" not in x:
+        return dict(x), y
+    if y is not None:
+        raise ValueError(f"{caller}: labels given twice, as y and as x['labels']; pass one of them")
+    inputs = {k: v for k, v in x.items() if k != "labels"}
+    return inputs, x["labels"]
+
+
+def batch_size(x) -> int:
+    """The rows B of a checked batch ``x`` (a tensor, or a mapping: its ``input_ids``, else its first tensor)."""
+    if isinstance(x, torch.Tensor):
+        return x.shape[0]
+    first = x["input_ids"] if isinstance(x.get("input_ids"), torch.Tensor) else next(
+        v for v in x.values() if isinstance(v, torch.Tensor))
+    return first.shape[0]
+
+
+def describe_batch(x) -> str:
+    """``"x of shape (B, …)"``, or ``"x with input_ids (B, T), attention_mask (B, T)"`` for a mapping."""
+    if isinstance(x, Mapping):
+        return "x with " + ", ".join(f"{k} {tuple(v.shape)}" for k, v in x.items() if isinstance(v, torch.Tensor))
+    return f"x of shape {tuple(x.shape)}"
+
+
+def input_grads(x) -> list[torch.Tensor]:
+    """The tensors of ``x`` (a tensor or a mapping) that require a gradient."""
+    values = x.values() if isinstance(x, Mapping) else (x,)
+    return [v for v in values if isinstance(v, torch.Tensor) and v.requires_grad]
+
+
 def check_batch(x, y, caller: str) -> None:
-    """``x`` and ``y`` are tensors with the same number of rows (``y`` may be ``None``)."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{caller}: x must be a torch.Tensor of shape (B, ...), got {type(x).__name__}")
-    if x.dim() == 0:
-        raise ValueError(f"{caller}: x must have a batch dimension, shape (B, ...), got a 0-d tensor")
+    """``x`` (a tensor, or a mapping of keyword inputs) and ``y`` have the same number of rows (``y`` may be
+    ``None``); every tensor of a mapping ``x`` has that number of rows."""
+    if isinstance(x, Mapping):
+        tensors = {k: v for k, v in x.items() if isinstance(v, torch.Tensor)}
+        if not tensors:
+            raise ValueError(f"{caller}: x as a mapping of keyword inputs must hold at least one tensor (e.g. "
+                             f"input_ids of shape (B, T)), got keys {sorted(x)}")
+        rows = batch_size(x)
+        for k, v in tensors.items():
+            if v.dim() == 0 or v.shape[0] != rows:
+                raise ValueError(f"{caller}: every tensor of x must have the batch's {rows} rows (they are repeated "
+                                 f"once per sample); x[{k!r}] has shape {tuple(v.shape)}")
+        what = "x['input_ids']" if "input_ids" in tensors else "x"
+    else:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{caller}: x must be a torch.Tensor of shape (B, ...) or a mapping of the model's "
+                            f"keyword inputs, got {type(x).__name__}")
+        if x.dim() == 0:
+            raise ValueError(f"{caller}: x must have a batch dimension, shape (B, ...), got a 0-d tensor")
+        rows, what = x.shape[0], "x"
     if y is None:
         return
     if not isinstance(y, torch.Tensor):
         raise TypeError(f"{caller}: y must be a torch.Tensor with one row per row of x, got {type(y).__name__}")
-    if y.shape[:1] != x.shape[:1]:
-        raise ValueError(f"{caller}: y must have as many rows as x ({x.shape[0]}), got shape {tuple(y.shape)}")
+    if y.shape[:1] != (rows,):
+        raise ValueError(f"{caller}: y must have as many rows as {what} ({rows}), got shape {tuple(y.shape)}")
+
+
+def check_token_labels(x, y, caller: str) -> None:
+    """``y`` holds a causal LM's labels: integer ``(B, T)``, shaped like ``x``'s token ids when it has them."""
+    if y is None:
+        raise ValueError(f"{caller}: a token likelihood needs labels: pass y of shape (B, T) or x['labels'] "
+                         f"(labels = input_ids, padding set to -100, as for transformers)")
+    if y.dtype.is_floating_point or y.dtype == torch.bool or y.is_complex():
+        raise TypeError(f"{caller}: y must hold integer token ids (or -100), got dtype {y.dtype}")
+    ids = x.get("input_ids") if isinstance(x, Mapping) else x
+    if y.dim() != 2 or (isinstance(ids, torch.Tensor) and ids.shape != y.shape):
+        want = f"{tuple(ids.shape)}, the shape of the token ids" if isinstance(ids, torch.Tensor) else "(B, T)"
+        raise ValueError(f"{caller}: y (the labels) must have shape {want}, got {tuple(y.shape)}")
+
+
+def check_token_output(out: torch.Tensor, y: torch.Tensor, caller: str) -> None:
+    """The model's per-sample output ``(S, B, T, V)`` fits labels ``y`` ``(B, T)``."""
+    if out.dim() != 4 or out.shape[1:3] != y.shape:
+        raise ValueError(f"{caller}: a token likelihood needs (B, T, V) logits for labels y of shape "
+                         f"{tuple(y.shape)}; the model returned shape {tuple(out.shape[1:])}")

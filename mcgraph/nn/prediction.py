@@ -1,7 +1,15 @@
-"""Many-sample forward passes and predictive probabilities with memory bounded by a chunk."""
+"""Many-sample forward passes and predictive probabilities with memory bounded by a chunk.
+
+The batch ``x`` is a tensor (``model(x)``) or a mapping of keyword inputs (``model(**x)``, a
+HuggingFace batch); the model returns a tensor or an output with ``.logits`` (a transformers
+``ModelOutput``). For a causal language model (``likelihood="token_categorical"``),
+:func:`predict` returns the predictive distribution of each sequence's next token.
+"""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import torch
@@ -12,9 +20,10 @@ from ..engine.distributed import sharded
 from ..engine.options import resolve_sampling
 from .context import SampleRun, bayesian_modules, capture, chunks, sample_run, window
 from .layers import SampleMode
-from .model_checks import check_batch, input_hint, require_bayesian
+from .likelihood import is_per_token
+from .model_checks import batch_size, check_batch, describe_batch, input_hint, require_bayesian, split_batch
 
-__all__ = ["forward_samples", "predict", "Prediction", "run_window", "can_vectorize"]
+__all__ = ["forward_samples", "predict", "Prediction", "run_window", "can_vectorize", "model_output", "call_model"]
 
 
 def can_vectorize(model: nn.Module) -> bool:
@@ -34,28 +43,52 @@ def _is_shape_error(err: RuntimeError) -> bool:
     return any(k in text for k in ("shape", "size", "mat1 and mat2", "Expected", "dimension"))
 
 
-def _repeat(x: torch.Tensor, times: int) -> torch.Tensor:
+def _repeat(x, times: int):
+    """``x`` (a tensor, or a mapping whose tensors are) repeated ``times`` times along dim 0."""
+    if isinstance(x, Mapping):
+        return {k: _repeat(v, times) if isinstance(v, torch.Tensor) else v for k, v in x.items()}
     return x if times == 1 else x.repeat(times, *([1] * (x.dim() - 1)))
 
 
-def run_window(model: nn.Module, x: torch.Tensor, run: SampleRun, start: int, stop: int,
-               vectorize: bool) -> torch.Tensor:
-    """Outputs of samples ``start … stop-1`` of ``run``: shape ``(stop - start, B, …)``."""
-    size = stop - start
+def call_model(model: nn.Module, x, extra: dict | None = None):
+    """``model(x)``, or ``model(**x)`` for a mapping of keyword inputs; ``extra`` keywords added."""
+    extra = extra or {}
+    return model(**x, **extra) if isinstance(x, Mapping) else model(x, **extra)
+
+
+def model_output(out) -> torch.Tensor:
+    """The tensor a model returned: ``out`` itself, or the ``logits`` of a transformers ``ModelOutput``."""
+    if isinstance(out, torch.Tensor):
+        return out
+    logits = getattr(out, "logits", None)
+    if logits is None and isinstance(out, Mapping):
+        logits = out.get("logits")
+    if isinstance(logits, torch.Tensor):
+        return logits
+    raise TypeError(f"model: must return a tensor or an output with a .logits tensor (a transformers "
+                    f"ModelOutput), got {type(out).__name__}")
+
+
+def run_window(model: nn.Module, x, run: SampleRun, start: int, stop: int, vectorize: bool,
+               extra: dict | None = None) -> torch.Tensor:
+    """Outputs of samples ``start … stop-1`` of ``run``: shape ``(stop - start, B, …)``.
+
+    ``x``: a tensor or a mapping of keyword inputs (see the module); ``extra``: keywords for the model.
+    """
+    size, rows = stop - start, batch_size(x)
     if vectorize or size == 1:
         with window(run, start, stop):
             try:
-                out = model(_repeat(x, size))
+                out = model_output(call_model(model, _repeat(x, size), extra))
             except RuntimeError as err:
                 if not _is_shape_error(err):
                     raise
-                raise ValueError(f"x: the model cannot run on x of shape {tuple(x.shape)}{input_hint(model)} "
-                                 f"({err})") from err
-        if out.shape[0] != size * x.shape[0]:
-            raise ValueError(f"model: expected an output with {size * x.shape[0]} rows for {size} samples of a "
-                             f"batch of {x.shape[0]}, got shape {tuple(out.shape)}")
-        return out.reshape(size, x.shape[0], *out.shape[1:])
-    return torch.stack([run_window(model, x, run, i, i + 1, True)[0] for i in range(start, stop)])
+                raise ValueError(f"x: the model cannot run on {describe_batch(x)}{input_hint(model)} ({err})") from err
+        if out.dim() == 0 or out.shape[0] != size * rows:
+            raise ValueError(f"model: expected an output with {size * rows} rows for {size} samples of a "
+                             f"batch of {rows}, got shape {tuple(out.shape)}")
+        return out.reshape(size, rows, *out.shape[1:])
+    return torch.stack([run_window(model, x, run, i, i + 1, True, extra)[0] for i in range(start, stop)])
 
 
 def forward_samples(model: nn.Module, x: torch.Tensor, num_samples: int, *, seed: int | None = None,
@@ -69,7 +102,7 @@ def forward_samples(model: nn.Module, x: torch.Tensor, num_samples: int, *, seed
 
     Args:
         model: the network.
-        x: the input batch ``(B, …)``.
+        x: the input batch ``(B, …)``, or a mapping of keyword inputs (``labels`` is dropped).
         num_samples: M ≥ 1.
         seed: noise seed (``None``: drawn from the global generator).
         chunk_size: samples per forward (default: all M).
@@ -84,6 +117,7 @@ def forward_samples(model: nn.Module, x: torch.Tensor, num_samples: int, *, seed
         (torch.Size([5, 3, 2]), True)
     """
     require_bayesian(model, "mg.nn.forward_samples", allow_none=True)
+    x, _ = split_batch(x, None, "mg.nn.forward_samples")
     check_batch(x, None, "mg.nn.forward_samples")
     num_samples = checks.positive_int("num_samples", num_samples)
     chunk = checks.positive_int("chunk_size", chunk_size, allow_none=True) or num_samples
@@ -100,33 +134,81 @@ class Prediction(NamedTuple):
     sample_probs: torch.Tensor
 
 
-def _trunk_features(model: nn.Module, x: torch.Tensor):
+def _trunk_features(model: nn.Module, x, extra):
     """(head, features) when exactly one Bayesian layer samples and produces the model's output."""
     sampling = [m for m in bayesian_modules(model) if m.mode == SampleMode.SAMPLE]
     if len(sampling) != 1 or any(getattr(m, "draws_run_noise", False) for m in model.modules()):
         return None, None
     head = sampling[0]
     with capture(head, "input") as cap:
-        out = model(x)
+        out = model_output(call_model(model, x, extra))
     if cap.calls != 1 or out is not cap.output:
         return None, None
     return head, cap.input
 
 
-def _probs_like(model, x, run, head, features, vectorize) -> torch.Tensor:
-    """A zero tensor shaped like the ``(B, K)`` probabilities (one sample's forward, not added)."""
-    if head is not None:
-        with window(run, 0, 1):
-            logits = head(features)
-    else:
-        logits = run_window(model, x, run, 0, 1, vectorize)[0]
-    return torch.zeros_like(logits)
+class _NextToken(NamedTuple):
+    """Where each sequence's next token is predicted: ``last`` ``(B,)`` positions of ``T``."""
+
+    last: torch.Tensor
+    length: int
+
+    @staticmethod
+    def of(x) -> "_NextToken":
+        """The last attended position of every row of ``x`` (token ids ``(B, T)`` or a mapping with them)."""
+        ids = x.get("input_ids", x.get("attention_mask")) if isinstance(x, Mapping) else x
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+            got = "no input_ids" if ids is None else f"shape {tuple(ids.shape)}"
+            raise ValueError(f"x: next-token prediction needs token ids of shape (B, T) (x, or x['input_ids']), "
+                             f"got {got}")
+        rows, length = ids.shape
+        mask = x.get("attention_mask") if isinstance(x, Mapping) else None
+        if mask is None:
+            return _NextToken(torch.full((rows,), length - 1, dtype=torch.long, device=ids.device), length)
+        if mask.shape != ids.shape:
+            raise ValueError(f"x['attention_mask'] must have shape {tuple(ids.shape)}, got {tuple(mask.shape)}")
+        attended = mask != 0
+        empty = ~attended.any(1)
+        if bool(empty.any()):
+            raise ValueError(f"x['attention_mask']: row {int(empty.nonzero()[0])} attends to no position, so it has "
+                             f"no next token to predict")
+        last = length - 1 - attended.flip(1).int().argmax(1)  # the last position whose mask is 1
+        return _NextToken(last, length)
+
+    def keep(self, model: nn.Module, x) -> dict:
+        """``{"logits_to_keep": k}`` when the model takes it (transformers' causal LMs): logits of the last k
+        positions only, k covering every row's last position."""
+        takes = "logits_to_keep" in inspect.signature(model.forward).parameters
+        if not takes or (isinstance(x, Mapping) and "logits_to_keep" in x):
+            return {}
+        return {"logits_to_keep": int(self.length - self.last.min())}
+
+    def select(self, logits: torch.Tensor) -> torch.Tensor:
+        """``(S, B, T', V)`` logits of the last ``T'`` positions → ``(S, B, V)`` at each row's last position."""
+        if logits.dim() != 4:
+            raise ValueError(f"model: next-token prediction needs (B, T, V) logits, got shape "
+                             f"{tuple(logits.shape[1:])}")
+        index = self.last - (self.length - logits.shape[2])
+        if bool((index < 0).any()):
+            raise ValueError(f"model: returned logits for {logits.shape[2]} positions, fewer than the "
+                             f"{self.length - int(self.last.min())} the attention mask needs")
+        rows = torch.arange(logits.shape[1], device=logits.device)
+        return logits[:, rows, index.to(logits.device)]
+
+
+def _sample_logits(model, x, run, start, stop, head, features, vectorize, extra) -> torch.Tensor:
+    """Logits of samples ``start … stop-1``: ``(S, B, …)`` (the head alone when the trunk ran once)."""
+    if head is None:
+        return run_window(model, x, run, start, stop, vectorize, extra)
+    with window(run, start, stop):
+        logits = head(_repeat(features, stop - start))
+    return logits.reshape(stop - start, batch_size(x), *logits.shape[1:])
 
 
 @torch.no_grad()
-def predict(model: nn.Module, x: torch.Tensor, num_samples: int, chunk_size: int | None = None, *,
+def predict(model: nn.Module, x, num_samples: int, chunk_size: int | None = None, *,
             seed: int | None = None, return_samples: bool = False, trunk_once: bool | None = None,
-            vectorize: bool | None = None, process_group=None):
+            vectorize: bool | None = None, process_group=None, likelihood: str = "categorical"):
     """Predictive probabilities ``(1/M) Σ_i softmax(f(x; W_i))``, memory bounded by the chunk.
 
     When exactly one Bayesian layer samples and its output is the model's output
@@ -134,11 +216,19 @@ def predict(model: nn.Module, x: torch.Tensor, num_samples: int, chunk_size: int
     only the head is evaluated M times; the numbers are those of the full path
     (same noise rows). Runs under ``torch.no_grad()``.
 
+    **Causal language models** (``likelihood="token_categorical"``): ``x`` is token ids ``(B, T)``
+    or a mapping ``{"input_ids", "attention_mask", …}`` (``labels`` is dropped) and the model
+    returns ``(B, T, V)`` logits or a ``ModelOutput`` with ``.logits``. The result is the
+    predictive of each sequence's **next token**, ``(B, V)``, read at its last position whose
+    ``attention_mask`` is 1 (right or left padding). A model whose ``forward`` takes
+    ``logits_to_keep`` (transformers' causal LMs) computes only the positions needed. One
+    sample per chunk by default, so M = 256 needs the memory of one forward.
+
     Args:
-        model: a classifier returning ``(B, K)`` logits.
-        x: the input batch.
+        model: a classifier returning ``(B, K)`` logits (or a causal LM, see above).
+        x: the input batch: a tensor, or a mapping of the model's keyword inputs.
         num_samples: M ≥ 1.
-        chunk_size: samples per forward (default ``min(M, 64)``).
+        chunk_size: samples per forward (default ``min(M, 64)``; 1 for a causal LM).
         seed: noise seed (``None``: drawn from the global generator).
         return_samples: also return the ``(M, B, K)`` per-sample probabilities
             (memory O(M·B·K)).
@@ -148,6 +238,8 @@ def predict(model: nn.Module, x: torch.Tensor, num_samples: int, chunk_size: int
         process_group: ``None``, or a ``torch.distributed`` group whose ranks (holding the same
             ``x``) split the M samples; one all-reduce of the ``(B, K)`` sum. Not with
             ``return_samples``.
+        likelihood: ``"categorical"`` (softmax over the classes: the last dim of ``(B, K)``
+            logits, dim 1 otherwise) or ``"token_categorical"`` (next-token probabilities ``(B, V)``).
 
     Returns:
         ``(B, K)`` probabilities, or a :class:`Prediction` when ``return_samples``.
@@ -160,7 +252,10 @@ def predict(model: nn.Module, x: torch.Tensor, num_samples: int, chunk_size: int
         (torch.Size([2, 10]), True)
     """
     require_bayesian(model, "mg.nn.predict", allow_none=True)
+    x, _ = split_batch(x, None, "mg.nn.predict")
     check_batch(x, None, "mg.nn.predict")
+    if likelihood not in ("categorical",) and not is_per_token(likelihood):
+        raise ValueError(f"likelihood must be 'categorical' or 'token_categorical', got {likelihood!r}")
     num_samples, o = resolve_sampling(num_samples, seed=(seed, None), chunk_size=(chunk_size, None),
                                       vectorize=(vectorize, None), process_group=(process_group, None))
     seed, chunk_size, vectorize, process_group = o["seed"], o["chunk_size"], o["vectorize"], o["process_group"]
@@ -168,35 +263,40 @@ def predict(model: nn.Module, x: torch.Tensor, num_samples: int, chunk_size: int
     with sharded(process_group, seed, num_samples) as (shard, seed):
         if shard is not None and return_samples:
             raise ValueError("return_samples=True keeps every sample on one process: use process_group=None")
-        return _predict(model, x, num_samples, chunk_size, seed, return_samples, trunk_once, vectorize, shard)
+        next_token = _NextToken.of(x) if is_per_token(likelihood) else None
+        return _predict(model, x, num_samples, chunk_size, seed, return_samples, trunk_once, vectorize, shard,
+                        next_token)
 
 
-def _predict(model, x, num_samples, chunk_size, seed, return_samples, trunk_once, vectorize, shard):
+def _predict(model, x, num_samples, chunk_size, seed, return_samples, trunk_once, vectorize, shard, next_token):
     num_samples = checks.positive_int("num_samples", num_samples)
-    chunk = checks.positive_int("chunk_size", chunk_size, allow_none=True) or min(num_samples, 64)
+    chunk = checks.positive_int("chunk_size", chunk_size, allow_none=True) or (
+        1 if next_token is not None else min(num_samples, 64))
     vectorize = can_vectorize(model) if vectorize is None else bool(vectorize)
+    extra = next_token.keep(model, x) if next_token is not None else {}
     run = sample_run(model, num_samples, seed)
-    head, features = (None, None) if trunk_once is False else _trunk_features(model, x)
+    head, features = (None, None) if trunk_once is False else _trunk_features(model, x, extra)
     if trunk_once and head is None:
         raise ValueError("trunk_once=True needs exactly one Bayesian layer in sample mode whose output is the "
                          "model's output")
+
+    def probabilities(logits):  # (S, B, …) -> (S, B, K)
+        if next_token is not None:
+            return torch.softmax(next_token.select(logits), dim=-1)
+        return torch.softmax(logits, dim=-1 if logits.dim() == 3 else 2)
+
     total, parts = None, []
     lo, hi = (0, num_samples) if shard is None else shard.window(num_samples)
     for a, b in chunks(hi - lo, chunk):
-        start, stop = lo + a, lo + b
-        if head is not None:
-            with window(run, start, stop):
-                logits = head(_repeat(features, stop - start))
-            logits = logits.reshape(stop - start, x.shape[0], *logits.shape[1:])
-        else:
-            logits = run_window(model, x, run, start, stop, vectorize)
-        p = torch.softmax(logits, dim=-1 if logits.dim() == 3 else 2)
+        p = probabilities(_sample_logits(model, x, run, lo + a, lo + b, head, features, vectorize, extra))
         total = p.sum(0) if total is None else total + p.sum(0)
         if return_samples:
             parts.append(p)
     if shard is not None:
-        like = total if total is not None else _probs_like(model, x, run, head, features, vectorize)
-        (total,) = shard.sum(lambda: [total], [like])
+        if total is None:  # this rank has no samples: a zero tensor shaped like the sum, for the all-reduce
+            total = torch.zeros_like(probabilities(_sample_logits(model, x, run, 0, 1, head, features, vectorize,
+                                                                  extra))[0])
+        (total,) = shard.sum(lambda: [total], [total])
     probs = total / num_samples
     if return_samples:
         return Prediction(probs, torch.cat(parts))

@@ -39,8 +39,9 @@ from ..engine.stderr import MCEstimate, SampleMoments, refuse_with_process_group
 from .context import bayesian_modules, chunks, sample_run
 from .network_kl import kl as model_kl
 from .layers import SampleMode
-from .likelihood import LIKELIHOODS, log_likelihood
-from .model_checks import check_batch, require_bayesian
+from .likelihood import LIKELIHOODS, is_per_token, log_likelihood, mask_labels
+from .model_checks import (batch_size, check_batch, check_token_labels, check_token_output, describe_batch,
+                           input_grads, require_bayesian, split_batch)
 from .prediction import can_vectorize, run_window
 
 __all__ = ["elbo", "elbo_terms", "expected_data_term", "default_chunk", "ELBOTerms", "WholeNetworkMC",
@@ -164,7 +165,7 @@ def default_chunk(model: nn.Module, num_samples: int) -> int:
     return max(1, min(num_samples, CHUNK_ELEMENTS // max(1, numel)))
 
 
-def expected_data_term(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_samples: int | Sampling,
+def expected_data_term(model: nn.Module, x, y: torch.Tensor | None = None, *, num_samples: int | Sampling,
                        likelihood="categorical", noise_std=1.0, seed: int | None = None,
                        return_stderr: bool = False):
     """``(1/B) Σ_b (1/M) Σ_i log p(y_b | x_b, W_i)`` over whole-network samples (a 0-d tensor).
@@ -177,7 +178,7 @@ def expected_data_term(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, nu
     gradients).
     ``return_stderr=True`` returns an :class:`~mcgraph.engine.stderr.MCEstimate`: the standard error
     from the per-sample values (Σf² beside Σf in the same pass; ``num_samples >= 2``; one process only).
-    The other arguments are those of :func:`elbo`.
+    The other arguments are those of :func:`elbo` (a causal LM's batch: see there).
 
     Example:
         >>> import torch, mcgraph as mg
@@ -189,6 +190,7 @@ def expected_data_term(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, nu
         True
     """
     require_bayesian(model, "mg.nn.expected_data_term", allow_none=True)
+    x, y = split_batch(x, y, "mg.nn.expected_data_term")
     check_batch(x, y, "mg.nn.expected_data_term")
     s = _as_sampling(num_samples, "num_samples")
     _, o = resolve_sampling(s, seed=(seed, None), return_stderr=(return_stderr, False))
@@ -215,7 +217,10 @@ def _expected_data_term(model, x, y, num_samples, likelihood, noise_std, seed, c
         raise ValueError(f"num_samples must be >= 2 with return_stderr=True (a single sample has no variance "
                          f"to estimate), got {num_samples}")
     moments = SampleMoments() if return_stderr else None
-    chunk = checks.positive_int("chunk_size", chunk_size, allow_none=True) or default_chunk(model, num_samples)
+    per_token = is_per_token(likelihood)
+    # a sequence model's activations and (B, T, V) logits dwarf its weight samples: one sample per chunk
+    chunk = checks.positive_int("chunk_size", chunk_size, allow_none=True) or (
+        1 if per_token else default_chunk(model, num_samples))
     if method not in ("chunked", "direct"):
         raise ValueError(f"method must be 'chunked' or 'direct', got {method!r}")
     if method == "direct" and shard is not None:
@@ -223,17 +228,24 @@ def _expected_data_term(model, x, y, num_samples, likelihood, noise_std, seed, c
                          "processes: use method='chunked' with process_group")
     if isinstance(likelihood, str) and likelihood not in LIKELIHOODS:
         raise ValueError(f"likelihood must be one of {sorted(LIKELIHOODS)} or a callable, got {likelihood!r}")
-    if y.shape[:1] != x.shape[:1]:
-        raise ValueError(f"y: batch size {tuple(y.shape[:1])} does not match x's {tuple(x.shape[:1])}")
+    batch = batch_size(x)
+    if per_token:
+        check_token_labels(x, y, "mg.nn.expected_data_term")
+        y = mask_labels(y, x.get("attention_mask") if isinstance(x, dict) else None)
+    if y is None:
+        raise ValueError("y: the targets are required (or x as a mapping with 'labels')")
+    if y.shape[:1] != (batch,):
+        raise ValueError(f"y: batch size {tuple(y.shape[:1])} does not match x's {(batch,)}")
     vectorize = can_vectorize(model) if vectorize is None else bool(vectorize)
     run = sample_run(model, num_samples, seed)
-    batch = x.shape[0]
 
     def chunk_value(start: int, stop: int) -> torch.Tensor:
         out = run_window(model, x, run, start, stop, vectorize)  # (S, B, ...)
-        if likelihood == "categorical" and out.dim() - 1 != y.dim() + 1:
+        if per_token:
+            check_token_output(out, y, "mg.nn.expected_data_term")
+        elif likelihood == "categorical" and out.dim() - 1 != y.dim() + 1:
             raise ValueError(f"y has shape {tuple(y.shape)}, so the model's output for x must have shape "
-                             f"{tuple(y.shape)} + (K,) (K classes); x of shape {tuple(x.shape)} gives an output "
+                             f"{tuple(y.shape)} + (K,) (K classes); {describe_batch(x)} gives an output "
                              f"of shape {tuple(out.shape[1:])}")
         size = stop - start
         target = y.repeat(size, *([1] * (y.dim() - 1)))
@@ -253,9 +265,7 @@ def _expected_data_term(model, x, y, num_samples, likelihood, noise_std, seed, c
                 moments.add(per_sample.detach())
             total = total + per_sample.sum()
         return result(total / num_samples)
-    inputs = [p for p in model.parameters()]
-    if x.requires_grad:
-        inputs.append(x)
+    inputs = [p for p in model.parameters()] + input_grads(x)
     if isinstance(noise_std, torch.Tensor):
         inputs.append(noise_std)
     want = tuple(torch.is_grad_enabled() and t.requires_grad for t in inputs)
@@ -263,7 +273,7 @@ def _expected_data_term(model, x, y, num_samples, likelihood, noise_std, seed, c
     return result(WholeNetworkMC.apply(spec, *inputs))
 
 
-def elbo_terms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_samples: int | Sampling,
+def elbo_terms(model: nn.Module, x, y: torch.Tensor | None = None, *, num_samples: int | Sampling,
                dataset_size: int, kl_samples: int | Sampling | None = None, seed: int | None = None,
                kl_weight: float = 1.0, likelihood="categorical", noise_std=1.0,
                return_stderr: bool = False) -> ELBOTerms:
@@ -282,11 +292,12 @@ def elbo_terms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_sample
         (True, True)
     """
     require_bayesian(model, "mg.nn.elbo")
+    x, y = split_batch(x, y, "mg.nn.elbo")
     check_batch(x, y, "mg.nn.elbo")
     dataset_size = checks.positive_int("dataset_size", dataset_size)
-    if dataset_size < x.shape[0]:
+    if dataset_size < batch_size(x):
         raise ValueError(f"dataset_size must be the number of training examples N, at least the batch size "
-                         f"{x.shape[0]}; got {dataset_size}")
+                         f"{batch_size(x)}; got {dataset_size}")
     if not isinstance(kl_weight, torch.Tensor) or kl_weight.ndim == 0:
         checks.finite_float("kl_weight", kl_weight, low=0.0)
     data, kl = _as_sampling(num_samples, "num_samples"), _as_sampling(kl_samples, "kl_samples")
@@ -316,7 +327,7 @@ def elbo_terms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_sample
                      elbo_se.detach())
 
 
-def elbo(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_samples: int | Sampling, dataset_size: int,
+def elbo(model: nn.Module, x, y: torch.Tensor | None = None, *, num_samples: int | Sampling, dataset_size: int,
          kl_samples: int | Sampling | None = None, seed: int | None = None, kl_weight: float = 1.0,
          likelihood="categorical", noise_std=1.0) -> torch.Tensor:
     """Per-example ELBO of a minibatch, differentiable, memory bounded by a chunk of samples.
@@ -334,8 +345,11 @@ def elbo(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_samples: int
 
     Args:
         model: the network (Bayesian layers anywhere; BatchNorm and biases deterministic).
-        x: input batch ``(B, …)``.
-        y: targets: class indices ``(B,)`` (categorical) or values (gaussian).
+        x: input batch ``(B, …)``, or a mapping of the model's keyword inputs (called as
+            ``model(**x)``; a ``labels`` entry is taken as ``y``). The model may return a
+            transformers ``ModelOutput``: its ``.logits`` are scored.
+        y: targets: class indices ``(B,)`` (categorical), values (gaussian) or a causal LM's
+            labels ``(B, T)`` (token_categorical); ``None`` when ``x`` holds ``labels``.
         num_samples: M ≥ 1 whole-network samples of the data term, or a :class:`~mcgraph.Sampling`
             with M and how to draw them: ``method`` ``"chunked"`` (default, bounded memory) or
             ``"direct"`` (every sample in one graph); ``chunk_size`` (default :func:`default_chunk`,
@@ -346,16 +360,26 @@ def elbo(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_samples: int
             explicit ``seed``, the same on every rank).
         dataset_size: N, the number of training examples (at least the batch size).
         kl_samples: M of the KL for every layer (default: each layer's ``kl_samples``), or a
-            :class:`~mcgraph.Sampling` with the KL's ``method`` (the engine's: ``"auto"``,
-            ``"collapsed-exact"``, …) and ``process_group``. Under ``DistributedDataParallel`` over
+            :class:`~mcgraph.Sampling` with the KL's ``method`` (``"auto"``: exact where exact
+            exists, the M unused then; ``"monte-carlo"``: sampled; ``"collapsed-exact"``, …) and
+            ``process_group``. Under ``DistributedDataParallel`` over
             the same ranks (each rank its own batch), pass ``kl_samples=mg.Sampling(M,
             process_group=group)`` and a plain ``num_samples``: every rank gets the full KL and its
             full gradient, and DDP's gradient average keeps it counted once.
         seed: noise seed (``None``: drawn from the global generator). The same seed gives
             the same value and gradients for any ``chunk_size`` and ``method``.
         kl_weight: β ≥ 0 (finite).
-        likelihood: ``"categorical"``, ``"gaussian"`` or a callable ``(output, target) -> (N,)``.
+        likelihood: ``"categorical"``, ``"gaussian"``, ``"token_categorical"`` or a callable
+            ``(output, target) -> (N,)``.
         noise_std: τ of the Gaussian likelihood.
+
+    **Causal language models** (``likelihood="token_categorical"``, :func:`~mcgraph.nn.token_log_likelihood`):
+    ``x`` is ``{"input_ids", "attention_mask", "labels"}`` (a HuggingFace batch) or token ids with
+    ``y`` the labels. The labels are shifted inside as transformers' causal LMs do (``labels =
+    input_ids``); labels −100 and positions whose ``attention_mask`` is 0 count for nothing. The data
+    term is the mean over the B sequences of each sequence's summed token log-likelihood, so with
+    the posterior means (M = 1) it is ``−outputs.loss · n_tokens / B``, and ``dataset_size`` counts
+    sequences. A chunk is one sample unless ``chunk_size`` says otherwise.
 
     Raises:
         ValueError: a model without Bayesian layers (``mg.nn.bayesify`` it first); ``x`` / ``y``
