@@ -243,6 +243,24 @@ class IVON(CountedOptimizer):
         self._draws = 0  # noise draws since the last step (train or not)
         self._avg_grad: list[torch.Tensor] | None = None
         self._avg_hess: list[torch.Tensor] | None = None  # ĝ ⊙ noise (price) or ĝ² (gradsq), averaged
+        self._scales: list | None = None  # per group: (key, h + δ, √(λ(h + δ))) until the next step
+
+    def _group_scales(self) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
+        """Per group ``(h + δ, 1/σ = √(λ (h + δ)))``, computed once per step (h changes only in :meth:`step`).
+
+        Recomputed when a group's λ or δ was changed since (the key); the step reuses ``h + δ`` (the same
+        numbers ivon-opt computes again).
+        """
+        keys = [(g["ess"], g["weight_decay"]) for g in self.param_groups]
+        if self._scales is None or [k for k, _, _ in self._scales] != keys:
+            scales = []
+            for (ess, wd), group in zip(keys, self.param_groups):
+                hess_wd = torch._foreach_add([self.state[p]["hess"] for p in group["params"]], wd)
+                inv = torch._foreach_mul(hess_wd, ess)
+                torch._foreach_sqrt_(inv)
+                scales.append(((ess, wd), hess_wd, inv))
+            self._scales = scales
+        return [(hess_wd, inv) for _, hess_wd, inv in self._scales]
 
     def _mean(self, p: torch.Tensor) -> torch.Tensor:
         """m of ``p`` in its state dtype (the float32 copy for a low-precision parameter)."""
@@ -291,7 +309,8 @@ class IVON(CountedOptimizer):
                 gen = self._generator(p.device)
                 gen.manual_seed(mix_seed(base, j))
                 eps.append(torch.randn(p.shape, generator=gen, device=p.device, dtype=_state_dtype(p)))
-        return [e / self._std_inverse(p, group) for e, (p, group) in zip(eps, flat)]
+        torch._foreach_div_(eps, [inv for _, group_inv in self._group_scales() for inv in group_inv])
+        return eps
 
     # ------------------------------------------------------------------ sampling
 
@@ -312,8 +331,8 @@ class IVON(CountedOptimizer):
             noise = self._noise()
             self._draws += 1
             saved = [p.data for p, _ in flat]
-            for (p, _), n in zip(flat, noise):
-                p.data = (self._mean(p) + n).to(p.dtype)
+            for (p, _), theta in zip(flat, torch._foreach_add([self._mean(p) for p, _ in flat], noise)):
+                p.data = theta if theta.dtype == p.dtype else theta.to(p.dtype)
         self._active = True
         try:
             yield
@@ -327,18 +346,30 @@ class IVON(CountedOptimizer):
 
     @torch.no_grad()
     def _record(self, grads: list[torch.Tensor | None], noise: list[torch.Tensor]) -> None:
-        """Fold one sample's gradients into the running means (Welford, as ivon-opt)."""
+        """Fold one sample's gradients into the running means (Welford, as ivon-opt): ``a + (v − a)/c``.
+
+        ``noise`` (this sample's ``σ ⊙ ε``, no longer needed) is overwritten; the gradients are not.
+        """
         flat = self._flat()
-        g = [torch.zeros(p.shape, dtype=_state_dtype(p), device=p.device) if gi is None else gi.to(_state_dtype(p))
-             for gi, (p, _) in zip(grads, flat)]
-        h = [gi * n for gi, n in zip(g, noise)] if self.hess_approx == HessApprox.PRICE else [gi.square() for gi in g]
-        self._count += 1
-        if self._avg_grad is None:
-            self._avg_grad, self._avg_hess = g, h
+        first = self._avg_grad is None
+        g = [torch.zeros(p.shape, dtype=_state_dtype(p), device=p.device) if gi is None
+             else gi.to(_state_dtype(p), copy=first) for gi, (p, _) in zip(grads, flat)]  # the first is kept: a copy
+        if self.hess_approx == HessApprox.PRICE:
+            torch._foreach_mul_(noise, g)
+            h = noise
         else:
-            c = self._count
-            self._avg_grad = [a + (v - a) / c for a, v in zip(self._avg_grad, g)]
-            self._avg_hess = [a + (v - a) / c for a, v in zip(self._avg_hess, h)]
+            h = torch._foreach_mul(g, g)
+        self._count += 1
+        if first:
+            self._avg_grad, self._avg_hess = g, h
+            return
+        c = self._count
+        step = torch._foreach_sub(g, self._avg_grad)
+        torch._foreach_div_(step, c)
+        torch._foreach_add_(self._avg_grad, step)
+        torch._foreach_sub_(h, self._avg_hess)
+        torch._foreach_div_(h, c)
+        torch._foreach_add_(self._avg_hess, h)
 
     # ------------------------------------------------------------------ step
 
@@ -379,43 +410,58 @@ class IVON(CountedOptimizer):
                                "Monte Carlo sample, the micro-batches of gradient accumulation inside one block), "
                                "or pass a closure to step()")
         avg_grad, avg_hess = self._reduce()
+        scales = self._group_scales()
         self.counters["step"] += 1
         t = self.counters["step"]
         i = 0
-        for group in self.param_groups:  # one foreach call per operation and group (the math as written above)
+        # One foreach call per operation and group, in place: the arithmetic of the module docstring in
+        # ivon-opt's order of operations (bitwise equal to it), on the samples' buffers, which are free
+        # after their last use (ĝ -> (1-β₁)ĝ -> the correction, ĥ -> f -> the step), so a step
+        # allocates nothing of the parameters' size.
+        for group, (hess_wd, _) in zip(self.param_groups, scales):
             ps = group["params"]
-            gbar, hbar = avg_grad[i:i + len(ps)], avg_hess[i:i + len(ps)]
+            gbar, fbar = avg_grad[i:i + len(ps)], avg_hess[i:i + len(ps)]
             i += len(ps)
             b1, b2, wd, ess = group["beta1"], group["beta2"], group["weight_decay"], group["ess"]
             states = [self.state[p] for p in ps]
-            hess = [st["hess"] for st in states]
-            momentum = torch._foreach_add(torch._foreach_mul([st["momentum"] for st in states], b1),
-                                          torch._foreach_mul(gbar, 1.0 - b1))                  # line 3
-            hess_wd = torch._foreach_add(hess, wd)
+            momentum, hess = [st["momentum"] for st in states], [st["hess"] for st in states]
+            torch._foreach_mul_(momentum, b1)
+            torch._foreach_mul_(gbar, 1.0 - b1)
+            torch._foreach_add_(momentum, gbar)                                    # line 3: g
             if self.hess_approx == HessApprox.PRICE:
-                h_hat = torch._foreach_mul(torch._foreach_mul(hbar, hess_wd), ess)             # line 2: ĝ ε/σ
-            else:
-                h_hat = torch._foreach_mul(hbar, ess)
-            diff = torch._foreach_sub(hess, h_hat)
-            correction = torch._foreach_div(torch._foreach_mul(torch._foreach_mul(diff, diff),
-                                                               0.5 * (1.0 - b2) ** 2), hess_wd)
-            hess = torch._foreach_add(torch._foreach_add(torch._foreach_mul(hess, b2),
-                                                         torch._foreach_mul(h_hat, 1.0 - b2)), correction)  # line 4
+                torch._foreach_mul_(fbar, hess_wd)                                 # line 2: ĝ ε/σ = ĝ·noise·(h + δ)
+            torch._foreach_mul_(fbar, ess)                                         # f = ĥ (times λ)
+            corr = gbar
+            torch._foreach_copy_(corr, hess)
+            torch._foreach_sub_(corr, fbar)
+            torch._foreach_mul_(corr, corr)
+            torch._foreach_mul_(corr, 0.5 * (1.0 - b2) ** 2)
+            torch._foreach_div_(corr, hess_wd)                                     # ½(1-β₂)²(h - f)²/(h + δ)
+            torch._foreach_mul_(hess, b2)
+            torch._foreach_mul_(fbar, 1.0 - b2)
+            torch._foreach_add_(hess, fbar)
+            torch._foreach_add_(hess, corr)                                        # line 4: h
             lr = group["lr"] * (group["hess_init"] + wd) if self.rescale_lr else group["lr"]
-            debias = 1.0 - math.pow(b1, float(t)) if self.debias else 1.0                     # line 5
+            debias = 1.0 - math.pow(b1, float(t)) if self.debias else 1.0        # line 5
             means = [self._mean(p) for p in ps]
-            step = torch._foreach_div(torch._foreach_add(torch._foreach_div(momentum, debias),
-                                                         torch._foreach_mul(means, wd)),
-                                      torch._foreach_add(hess, wd))
+            step = fbar
+            torch._foreach_copy_(step, momentum)
+            torch._foreach_div_(step, debias)
+            decay = corr
+            torch._foreach_copy_(decay, means)
+            torch._foreach_mul_(decay, wd)
+            torch._foreach_add_(step, decay)
+            torch._foreach_copy_(hess_wd, hess)
+            torch._foreach_add_(hess_wd, wd)
+            torch._foreach_div_(step, hess_wd)
             if math.isfinite(group["clip_radius"]):
                 torch._foreach_clamp_min_(step, -group["clip_radius"])
                 torch._foreach_clamp_max_(step, group["clip_radius"])
-            means = torch._foreach_sub(means, torch._foreach_mul(step, lr))                   # line 6
-            for p, st, m, h, mean in zip(ps, states, momentum, hess, means):
-                st["momentum"], st["hess"] = m, h
+            torch._foreach_mul_(step, lr)
+            torch._foreach_sub_(means, step)                                       # line 6: m
+            for p, st in zip(ps, states):
                 if "mean" in st:
-                    st["mean"] = mean
-                p.copy_(mean)
+                    p.copy_(st["mean"])
         self._reset_samples()
         return loss
 
