@@ -15,6 +15,11 @@ CUDA) and lays the R ranks out as ``D`` data groups of ``S = R / D`` ranks:
 
 Without ``torchrun`` (``WORLD_SIZE`` unset or 1) everything is a no-op.
 
+**Variational optimizers** (``mcgraph train --optimizer ivon|vogn``, :mod:`.optim_train`): D = 1,
+every rank holds the whole batch, and :attr:`Ranks.world` is the optimizer's ``process_group``:
+each rank draws its own weight samples and the optimizer all-reduces its gradient and curvature
+statistics, so R ranks with K samples each take the step of one process with R·K samples.
+
 **A rank that dies.** Every collective waits at most ``timeout`` seconds (``mcgraph train
 --dist-timeout``, default 300) for the other ranks: when one rank is killed mid-step, the
 survivors fail with an error instead of hanging (under ``torchrun`` its agent usually stops

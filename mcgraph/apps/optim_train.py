@@ -14,6 +14,14 @@ The plain network of ``--model`` (never bayesified) is trained with cross-entrop
   samples, ``--temperature``), whose prediction is the snapshot ensemble;
 * ``adam`` — ``torch.optim.Adam`` (the deterministic baseline).
 
+**Many processes** (``ivon`` and ``vogn``). Under ``torchrun --nproc-per-node R python -m mcgraph
+train --optimizer ivon|vogn ...`` every rank holds the whole batch and draws its own ``--mc-samples``
+K weight samples (seeded by the sample's global index, never by who draws it); the gradient and
+curvature statistics are all-reduced over the R ranks (the optimizer's ``process_group``), so a step
+uses R·K samples and equals the one-process step with ``--mc-samples`` R·K up to float rounding.
+Rank 0 alone writes checkpoints, metrics and the summary; ``--resume`` works on any number of ranks.
+The other optimizers, and ``--data-parallel`` D > 1, are refused under torchrun.
+
 ``--spike-slab`` adds :class:`~mcgraph.optim.SpikeSlabEM` (EM decay switching and permanent
 pruning, once per epoch after ``--prune-warmup`` epochs) to any of them (for Adam the decay
 is added to the gradient). The summary then also reports sparsity and the parameters and
@@ -148,17 +156,32 @@ def _spike_slab(args, model: nn.Module, n: int):
                        warmup=args.prune_warmup, exclude=tuple(args.exclude_layers))
 
 
-#: ``--optimizer`` name -> ``builder(args, model, n, batches, spike_slab) -> (optimizer, scheduler or None)``.
+#: ``--optimizer`` name -> ``builder(args, model, n, batches, spike_slab, process_group) -> (optimizer, scheduler
+#: or None)``; ``process_group`` is ``None`` in one process, else the ranks' group (builders of
+#: :data:`DISTRIBUTED` optimizers only).
 OPTIMIZER_BUILDERS: Registry = Registry("training optimizer", unique=True)
 
+#: the optimizers that run under torchrun: each rank draws its own weight samples, statistics all-reduced
+DISTRIBUTED = ("ivon", "vogn")
 
-def build_optimizer(args, model: nn.Module, n: int, batches: int, spike_slab=None):
-    """``(optimizer, scheduler or None)`` of ``args.optimizer`` for ``model`` and ``n`` training examples."""
+
+def build_optimizer(args, model: nn.Module, n: int, batches: int, spike_slab=None, process_group=None):
+    """``(optimizer, scheduler or None)`` of ``args.optimizer`` for ``model`` and ``n`` training examples.
+
+    ``process_group``: ``None``, or the ``torch.distributed`` group of the ranks (``ivon`` and ``vogn`` only)
+    over which the optimizer all-reduces its statistics, each rank drawing its own ``--mc-samples`` samples.
+
+    Raises:
+        ValueError: an unknown optimizer, or a process group for one that cannot use it.
+    """
     try:
         builder = OPTIMIZER_BUILDERS.lookup(args.optimizer)
     except KeyError:
         raise ValueError(f"optimizer must be one of {tuple(OPTIMIZER_BUILDERS)}, got {args.optimizer!r}") from None
-    return builder(args, model, n, batches, spike_slab)
+    if process_group is not None and args.optimizer not in DISTRIBUTED:
+        raise ValueError(f"--optimizer {args.optimizer}: only {' and '.join(DISTRIBUTED)} run under torchrun (each "
+                         "rank draws its own weight samples); run the others in one process")
+    return builder(args, model, n, batches, spike_slab, process_group)
 
 
 def _betas(args) -> dict:
@@ -166,19 +189,24 @@ def _betas(args) -> dict:
 
 
 @OPTIMIZER_BUILDERS.register("vogn")
-def _vogn(args, model, n, batches, spike_slab):
+def _vogn(args, model, n, batches, spike_slab, process_group=None):
     from ..optim.vogn import VOGN
 
+    samples, parallel = args.mc_samples, "data"
+    if process_group is not None:  # each rank evaluates its K of the R·K samples (split by index)
+        import torch.distributed as dist
+
+        samples, parallel = args.mc_samples * dist.get_world_size(process_group), "samples"
     return VOGN(model, n, lr=args.lr, prior_precision=args.prior_precision, damping=args.damping,
                 tempering=args.tempering, tempering_init=args.tempering_init,
-                tempering_warmup_steps=args.tempering_warmup_steps, num_mc_samples=args.mc_samples,
+                tempering_warmup_steps=args.tempering_warmup_steps, num_mc_samples=samples,
                 data_augmentation_factor=args.data_augmentation_factor, init_precision=args.init_precision,
                 variant=args.vogn_variant, batchnorm_prior=args.batchnorm_prior, seed=args.seed,
-                spike_slab=spike_slab, **_betas(args)), None
+                spike_slab=spike_slab, process_group=process_group, parallel=parallel, **_betas(args)), None
 
 
 @OPTIMIZER_BUILDERS.register("ivon")
-def _ivon(args, model, n, batches, spike_slab):
+def _ivon(args, model, n, batches, spike_slab, process_group=None):
     from ..optim.ivon import IVON
 
     if spike_slab is not None:
@@ -187,11 +215,11 @@ def _ivon(args, model, n, batches, spike_slab):
     return IVON(model, lr=args.lr, ess=args.ess or n, hess_init=args.hess_init,
                 weight_decay=1e-4 if args.weight_decay is None else args.weight_decay,
                 mc_samples=args.mc_samples, hess_approx=args.hess_approx, clip_radius=args.clip_radius,
-                seed=args.seed, **kw), None
+                seed=args.seed, process_group=process_group, **kw), None
 
 
 @OPTIMIZER_BUILDERS.register("adaptive-vb")
-def _adaptive_vb(args, model, n, batches, spike_slab):
+def _adaptive_vb(args, model, n, batches, spike_slab, process_group=None):
     if args.avb_form == "gaussian":
         from ..optim.adaptive_vb import AdaptiveVB
 
@@ -213,7 +241,7 @@ def _adaptive_vb(args, model, n, batches, spike_slab):
 
 
 @OPTIMIZER_BUILDERS.register("adam")
-def _adam(args, model, n, batches, spike_slab):
+def _adam(args, model, n, batches, spike_slab, process_group=None):
     return torch.optim.Adam(model.parameters(), lr=args.lr, **_betas(args)), None
 
 
@@ -296,8 +324,12 @@ class OptimizerTraining:
         self.args, self.device = args, device
         plain = argparse.Namespace(**{**vars(args), "deterministic": True})
         self.model = build_model(plain, ds.input_shape, ds.num_classes).to(device)
+        if ranks.size > 1 and ranks.data_parallel > 1:
+            raise ValueError(f"--data-parallel: --optimizer {args.optimizer} under torchrun gives every rank the whole "
+                             "batch and its own weight samples; use --data-parallel 1")
         self.spike_slab = _spike_slab(args, self.model, n_train)
-        self.optimizer, self.scheduler = build_optimizer(args, self.model, n_train, batches, self.spike_slab)
+        self.optimizer, self.scheduler = build_optimizer(args, self.model, n_train, batches, self.spike_slab,
+                                                         process_group=ranks.world)
         self.kind = args.optimizer if args.optimizer != "adaptive-vb" else f"adaptive-vb-{args.avb_form}"
         self.ensemble = SnapshotEnsemble(self.model) if self.kind == "adaptive-vb-sghmc" else None
         self.bayesian = self.kind != "adam"

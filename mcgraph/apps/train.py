@@ -155,9 +155,6 @@ def train(args) -> dict:
     from .elbo_training import ElboTraining
     from .optim_train import OptimizerTraining
 
-    if args.optimizer and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError("--optimizer: the optimizer training path runs in one process; under torchrun use "
-                         "the ELBO training (no --optimizer), or mcgraph.optim's process_group= in Python")
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
