@@ -114,7 +114,7 @@ def test_kl_is_the_adapters_only_against_torch_closed_form():
 
 
 def test_conv1d_layout_delta_weight_and_mean_forward():
-    tr = _transformers()
+    _transformers()
     from transformers.pytorch_utils import Conv1D
 
     torch.manual_seed(0)
@@ -123,7 +123,7 @@ def test_conv1d_layout_delta_weight_and_mean_forward():
         conv.bias.normal_()
     lora = mg.nn.bayesian_lora(conv, rank=3, alpha=6.0)
     assert isinstance(lora, BayesLoRA) and (lora.in_features, lora.out_features, lora.scaling) == (5, 7, 2.0)
-    assert tr is not None and lora.lora_A.weight_mu.shape == (3, 5) and lora.lora_B.weight.shape == (7, 3)
+    assert lora.lora_A.weight_mu.shape == (3, 5) and lora.lora_B.weight.shape == (7, 3)
     _randomise_b(lora)
     x = torch.randn(4, 2, 5, dtype=torch.float64)
     with mg.nn.frozen(lora):
