@@ -23,12 +23,13 @@ NEEDS = {"mcgraph.interop": "blitz", "mcgraph.interop.sites": "bayesian_torch",
          "mcgraph.interop.divergence": "bayesian_torch", "mcgraph.interop.backward": "bayesian_torch",
          "mcgraph.interop.convert": "blitz", "mcgraph.interop.bayesian_torch": "bayesian_torch",
          "mcgraph.interop.blitz": "blitz", "mcgraph.interop.torchbnn": "torchbnn", "mcgraph.interop.pyro": "pyro",
-         "mcgraph.interop.tyxe": "tyxe"}
+         "mcgraph.interop.tyxe": "tyxe", "mcgraph.nn.lora": "transformers", "mcgraph.interop.peft": "peft"}
 MODULES += ["mcgraph.interop.foreign_priors", "mcgraph.engine.stderr", "mcgraph.engine.moments", "mcgraph.engine.estimators.derivatives",
             "mcgraph.engine.estimators.fused_body"]
 MODULES += ["mcgraph.engine.cpu_philox"]  # its example builds the library (about a second, once per machine)
 MODULES += ["mcgraph.engine.plan_cache"]
 MODULES += ["mcgraph.engine.noise", "mcgraph.optim.ivon"]
+MODULES += ["mcgraph.nn.module_select"]
 MODULES += ["mcgraph.engine.checks", "mcgraph.engine.registry", "mcgraph.engine.methods", "mcgraph.engine.options",
             "mcgraph.nn.model_checks"]
 

@@ -2,10 +2,10 @@
 
 A page's blocks run in order in one namespace, in a fresh Python process per page (so one page's
 imports, environment variables and global state never reach another), with a time limit. A block
-that imports a peer library (bayesian-torch, blitz, torchbnn, torch-uncertainty, Pyro, TyXe) is
-skipped when that library cannot be imported, and the page's test then reports a skip after its
-other blocks passed; CI installs the peers (`make interop`), so there every block runs. No block
-is excluded in any other way.
+that imports a peer library (bayesian-torch, blitz, torchbnn, torch-uncertainty, Pyro, TyXe,
+transformers, peft) is skipped when that library cannot be imported, and the page's test then
+reports a skip after its other blocks passed; CI installs the peers (`make interop`), so there
+every block runs. No block is excluded in any other way.
 
 The process gets a one-process ``torch.distributed`` environment (``RANK=0``, ``WORLD_SIZE=1``, a
 free ``MASTER_PORT``), as ``torchrun --nproc-per-node 1`` would give it, so the "Many processes"
@@ -32,9 +32,10 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 #: Import name (first component) -> the peer library it needs, by its import name.
 PEERS = {"bayesian_torch": "bayesian_torch", "blitz": "blitz", "torchbnn": "torchbnn",
-         "torch_uncertainty": "torch_uncertainty", "pyro": "pyro", "tyxe": "tyxe"}
+         "torch_uncertainty": "torch_uncertainty", "pyro": "pyro", "tyxe": "tyxe", "transformers": "transformers",
+         "peft": "peft"}
 #: mcgraph modules that import a peer when used.
-PEER_MODULES = {"mcgraph.interop.pyro": "pyro", "mcgraph.interop.tyxe": "tyxe"}
+PEER_MODULES = {"mcgraph.interop.pyro": "pyro", "mcgraph.interop.tyxe": "tyxe", "mcgraph.interop.peft": "peft"}
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)```python[ \t]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.S | re.M)
 
