@@ -15,7 +15,7 @@ from interop_models import (Z_4_5, NoiseRecorder, assert_data_term_gradients_mat
 from mcgraph.interop import blitz as ibz
 
 peer("blitz", "blitz-bayesian-pytorch")
-from blitz.modules import BayesianConv2d, BayesianLinear, BayesianLSTM  # noqa: E402
+from blitz.modules import BayesianConv2d, BayesianEmbedding, BayesianLinear, BayesianLSTM  # noqa: E402
 from blitz.utils import variational_estimator  # noqa: E402
 
 MIXTURE = dict(prior_pi=0.5, prior_sigma_1=0.1, prior_sigma_2=0.002)
@@ -168,6 +168,7 @@ def test_converted_elbo_gradients_match_the_per_sample_reference():
                                            model[0].weight_sampler.mu], x, y, num_samples=M, seed=3, chunk_size=2)
 
 
-def test_to_mcgraph_refuses_recurrent_layers():
-    with pytest.raises(TypeError, match=r"'rnn' \(BayesianLSTM\).*elbo_backward"):
-        ibz.to_mcgraph(nn.ModuleDict({"rnn": BayesianLSTM(3, 4)}), kl_samples=1)
+def test_to_mcgraph_refuses_embedding_layers():
+    # recurrent layers convert (tests/test_interop_recurrent.py); blitz's embedding has no converter
+    with pytest.raises(TypeError, match=r"'emb' \(BayesianEmbedding\).*elbo_backward"):
+        ibz.to_mcgraph(nn.ModuleDict({"emb": BayesianEmbedding(10, 4)}), kl_samples=1)

@@ -16,9 +16,20 @@ weight). ``LSTMReparameterization`` / ``LSTMFlipout`` hold two such Linear layer
   the LSTM's forward adds it once per time step.
 * :func:`to_mcgraph` converts models built by ``dnn_to_bnn`` (``dnn_to_bnn_flag=True``, layers
   returning only their output). A prior whose buffers hold one value (the usual case) becomes that
-  scalar Normal; per-element priors (MOPED) stay buffers shared with the converted layer; flipout layers become ``flipout=True`` layers (mcgraph's
-  flipout draws signs per example and channel, bayesian-torch's per element: the same
-  estimator in distribution). Layers returning ``(out, kl)`` tuples and LSTMs are refused.
+  scalar Normal; per-element priors (MOPED) stay buffers shared with the converted layer; flipout
+  layers become ``flipout=True`` layers (mcgraph's flipout draws signs per example and channel,
+  bayesian-torch's per element: the same estimator in distribution). ``LSTMReparameterization``
+  becomes :class:`BayesianTorchLSTM` (below). Layers returning ``(out, kl)`` tuples and
+  ``LSTMFlipout`` are refused.
+
+**LSTMs: per-step sampling is not kept.** bayesian-torch's ``LSTMReparameterization`` calls its
+``ih`` and ``hh`` Linear layers at every time step, so it draws new weights at every step of a
+sequence (a different network per step, not a sample from q(W) run over the sequence) and, with
+``return_kl``, adds the KL once per step (T times the weights' KL). The converted layer draws one
+weight sample per sequence (per Monte Carlo sample) and runs torch's fused LSTM kernel on it;
+its KL is the weights' KL, once, collected by ``mg.nn.kl``. Its outputs therefore differ in law
+from the original's in sample mode (equal with σ → 0); its interface is kept, including the
+returned "hidden state" ``(output, c_1…c_T)``: the whole sequences of h and c.
 
 Their forward refills a noise buffer in place (``eps_weight.data.normal_()``), so M samples
 summed into one graph give wrong σ-gradients; :func:`mcgraph.interop.elbo_backward` and
@@ -45,16 +56,18 @@ import functools
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.distributions import Normal
 
+from ..nn.recurrent import BayesLSTM
 from ..nn.scales import scale_transform
 from . import convert, divergence
 from .foreign_priors import BufferNormalPrior, NormalPrior
 from .sites import LibraryAdapter, VariationalSite, class_names, parameter, qualified, register_adapter, site_name
 from .sites import sites as _sites
 
-__all__ = ["BayesianTorchAdapter", "sites", "kl", "to_mcgraph"]
+__all__ = ["BayesianTorchAdapter", "BayesianTorchLSTM", "sites", "kl", "to_mcgraph"]
 
 NAME = "bayesian-torch"
 _WEIGHTS = (("mu_weight", "rho_weight"), ("mu_kernel", "rho_kernel"))
@@ -87,6 +100,62 @@ def _per_tensor_mean(found: Sequence[VariationalSite], values: Sequence[torch.Te
     return torch.stack([v / s.numel for s, v in zip(found, values)]).sum()
 
 
+def _is_lstm(module: nn.Module) -> bool:
+    names = class_names(module)
+    return "BaseVariationalLayer_" in names and ("LSTMReparameterization" in names or "LSTMFlipout" in names)
+
+
+def _linear_recurrence(a: torch.Tensor, u: torch.Tensor, c0: torch.Tensor) -> torch.Tensor:
+    """``c_t = a_t ⊙ c_{t−1} + u_t`` for every ``t`` of dim 1 (``a``, ``u``: ``(N, T, H)``; ``c0``: ``(N, H)``).
+
+    An inclusive scan of the affine maps ``c ↦ a_t c + u_t`` in ⌈log2 T⌉ doubling steps (each
+    composes every step with the one ``d`` before it), then ``c_t = A_t c_0 + B_t`` with
+    ``A_t = Π_{j≤t} a_j`` and ``B_t = Σ_{k≤t} (Π_{k<j≤t} a_j) u_k``.
+    """
+    A, B, d, T = a, u, 1, a.shape[1]
+    while d < T:
+        B = torch.cat([B[:, :d], A[:, d:] * B[:, :-d] + B[:, d:]], 1)
+        A = torch.cat([A[:, :d], A[:, d:] * A[:, :-d]], 1)
+        d *= 2
+    return B + A * c0.unsqueeze(1)
+
+
+class BayesianTorchLSTM(BayesLSTM):
+    """bayesian-torch's ``LSTMReparameterization`` interface on a :class:`~mcgraph.nn.BayesLSTM`.
+
+    ``forward(X, hidden_states=None, return_kl=True)``: ``X`` of shape ``(N, T, in_features)``,
+    ``hidden_states`` ``(h_0, c_0)`` of shape ``(N, H)``; returns ``(output, (output, c_seq))``
+    with ``output = (h_1 … h_T)`` and ``c_seq = (c_1 … c_T)``, both ``(N, T, H)``, as
+    bayesian-torch's layer after ``dnn_to_bnn`` does (``return_kl`` is ignored there, and here).
+
+    Sites ``ih_l0`` / ``hh_l0``: the converted ``ih`` / ``hh`` Linear layers (their Parameters are
+    the original's). One weight sample per sequence (the module docstring says why this differs
+    from the original). The kernel gives ``h_t``; the cell states follow from them without a loop
+    over time: the gates ``i, f, g, o`` of every step in one matrix product of ``x_t`` and
+    ``h_{t−1}``, then the scan ``c_t = σ(f_t) ⊙ c_{t−1} + σ(i_t) ⊙ tanh(g_t)``
+    (:func:`_linear_recurrence`).
+    """
+
+    def forward(self, X, hidden_states=None, return_kl=True):
+        """bayesian-torch's forward (see the class docstring)."""
+        if not isinstance(X, torch.Tensor) or X.dim() != 3:
+            raise ValueError(f"X: bayesian-torch's LSTM takes a (batch, sequence, in_features) tensor, got "
+                             f"{tuple(X.shape) if isinstance(X, torch.Tensor) else type(X).__name__}")
+        hx = None if hidden_states is None else tuple(t.unsqueeze(0) for t in hidden_states)
+        out, (_, c_seq) = super().forward(X, hx)
+        return out, (out, c_seq[0])
+
+    def _run(self, x, batch_sizes, hx, weights, sample, sorted_indices):
+        out, (h_n, _) = super()._run(x, batch_sizes, hx, weights, sample, sorted_indices)
+        h_prev = torch.cat([hx[0][0].unsqueeze(1), out[:, :-1]], 1)
+        gates = F.linear(x, weights[0], weights[2] if self.bias else None) + \
+            F.linear(h_prev, weights[1], weights[3] if self.bias else None)
+        i, f, g, _ = gates.chunk(4, -1)
+        c_seq = _linear_recurrence(torch.sigmoid(f), torch.sigmoid(i) * torch.tanh(g), hx[1][0])
+        # the cell sequence travels as the "c_n" of this sample's rows, (1, rows, T, H), joined over samples on dim 1
+        return out, (h_n, c_seq.unsqueeze(0))
+
+
 @register_adapter
 class BayesianTorchAdapter(LibraryAdapter):
     """Reads bayesian-torch's reparameterization and flipout layers (see the module docstring)."""
@@ -97,12 +166,14 @@ class BayesianTorchAdapter(LibraryAdapter):
     reductions = {"per_tensor_mean": _per_tensor_mean}
 
     def owns(self, module: nn.Module) -> bool:
-        return ("BaseVariationalLayer_" in class_names(module) and _weight_names(module) is not None
-                and hasattr(module, "prior_weight_mu") and hasattr(module, "prior_weight_sigma"))
+        return _is_lstm(module) or ("BaseVariationalLayer_" in class_names(module) and _weight_names(module) is not None
+                                    and hasattr(module, "prior_weight_mu") and hasattr(module, "prior_weight_sigma"))
 
     def layer_sites(self, module: nn.Module, name: str, **options) -> list[VariationalSite]:
         if options:
             raise TypeError(f"bayesian-torch sites take no options, got {sorted(options)}")
+        if _is_lstm(module):
+            return []  # its sites are those of its ih / hh Linear layers, which are layers of their own
         softplus = scale_transform("softplus")
         mu, rho = _weight_names(module)
         out = [VariationalSite(site_name(name, "weight"), NAME, module, "weight", getattr(module, mu),
@@ -122,6 +193,8 @@ class BayesianTorchAdapter(LibraryAdapter):
                 f"own forward unpacks, so an mcgraph layer, which returns only its output, cannot take its place. "
                 f"Models built by bayesian_torch.models.dnn_to_bnn.dnn_to_bnn convert; for this one use "
                 f"mcgraph.interop.elbo_backward with mcgraph.interop.bayesian_torch.kl")
+        if _is_lstm(module):
+            return self._lstm(module, name, kl_samples)
         if cls.startswith("Linear"):
             kind = "linear"
         elif cls.startswith("ConvTranspose"):
@@ -129,11 +202,15 @@ class BayesianTorchAdapter(LibraryAdapter):
         elif cls.startswith("Conv"):
             kind = "conv"
         else:
-            raise TypeError(f"{qualified(name, module)}: only bayesian-torch's Linear, Conv and ConvTranspose "
-                            f"layers (Reparameterization or Flipout) convert to mcgraph layers")
+            raise TypeError(f"{qualified(name, module)}: only bayesian-torch's Linear, Conv, ConvTranspose "
+                            f"(Reparameterization or Flipout) and LSTMReparameterization layers convert to mcgraph "
+                            f"layers")
+        return self._layer(module, name, kind, kl_samples, flipout=cls.endswith("Flipout"))
+
+    def _layer(self, module: nn.Module, name: str, kind: str, kl_samples: int, flipout: bool) -> nn.Module:
         found = self.layer_sites(module, name)
         layer = convert.mcgraph_layer(kind, module, found[0], found[1] if len(found) > 1 else None,
-                                      kl_samples=kl_samples, flipout=cls.endswith("Flipout"))
+                                      kl_samples=kl_samples, flipout=flipout)
         roles = ("weight", "bias")[:len(found)]
         values = {_single_value(getattr(module, f"prior_{r}_mu"), getattr(module, f"prior_{r}_sigma")) for r in roles}
         if len(values) == 1 and None not in values:
@@ -146,11 +223,21 @@ class BayesianTorchAdapter(LibraryAdapter):
         layer.prior_spec = BufferNormalPrior(layer)
         return layer
 
+    def _lstm(self, module: nn.Module, name: str, kl_samples: int) -> BayesianTorchLSTM:
+        if "LSTMFlipout" in class_names(module):
+            raise TypeError(f"{qualified(name, module)}: flipout perturbs a layer's pre-activations, which torch's "
+                            f"fused LSTM kernel keeps to itself, so LSTMFlipout has no mcgraph counterpart; use "
+                            f"LSTMReparameterization, or train it as it is with mcgraph.interop.elbo_backward and "
+                            f"mcgraph.interop.bayesian_torch.kl")
+        w = module.ih.mu_weight
+        bias = module.ih.mu_bias is not None
+        lstm = BayesianTorchLSTM(module.in_features, module.out_features, bias=bias, batch_first=True,
+                                 bayesian_bias=bias, kl_samples=kl_samples, device=w.device, dtype=w.dtype)
+        lstm.ih_l0 = self._layer(module.ih, site_name(name, "ih"), "linear", kl_samples, flipout=False)
+        lstm.hh_l0 = self._layer(module.hh, site_name(name, "hh"), "linear", kl_samples, flipout=False)
+        return lstm
+
     def refusal(self, module: nn.Module, name: str) -> str:
-        if "LSTM" in type(module).__name__:
-            return (f"{qualified(name, module)}: bayesian-torch's LSTM layers have no mcgraph counterpart (and "
-                    f"resample their weights through one noise buffer at every time step); train the model as it is "
-                    f"with mcgraph.interop.elbo_backward and mcgraph.interop.bayesian_torch.kl")
         return (f"{qualified(name, module)} is a bayesian-torch module that passes (out, kl) tuples and has no mcgraph "
                 f"counterpart; train the model as it is with mcgraph.interop.elbo_backward and "
                 f"mcgraph.interop.bayesian_torch.kl")
@@ -177,6 +264,8 @@ def to_mcgraph(model: nn.Module, *, kl_samples: int | None = None, inplace: bool
 
     See :mod:`mcgraph.interop.convert`. σ = softplus(ρ); Flipout layers keep flipout; the prior is
     the scalar N(μ, σ²) when the buffers hold one value, else the shared per-element buffers (MOPED).
+    ``LSTMReparameterization`` becomes :class:`BayesianTorchLSTM`, which samples the weights once per
+    sequence where the original re-samples them at every time step (see the module docstring).
 
     **KL scale.** bayesian-torch's ``get_kl_loss`` averages each tensor's KL over its elements and
     sums over tensors, and its examples add ``get_kl_loss(model) / batch_size`` to the loss.
