@@ -12,14 +12,15 @@ module                            what it gives
 ``interop.torch_uncertainty``     ``kl`` (``"layer_mean"`` as ``KLDiv``), ``to_mcgraph``
 ``interop.pyro``                  ``MeanFieldELBO`` (a ``TraceMeanField_ELBO``), ``site_kl``, ``register_mc_kl``
 ``interop.tyxe``                  ``fit`` (``VariationalBNN.fit`` with ``MeanFieldELBO``), ``use_mcgraph_kl``
+``interop.peft``                  ``to_mcgraph``: peft LoRA as variational LoRA (means: peft's Parameters)
 ================================  ==========================================================================
 
 and, for any of the layer libraries, :func:`sites`, :func:`kl` and :func:`elbo_backward`
 (one forward and backward per sample: correct gradients with any library, memory of one
 sample). ``import mcgraph`` and ``import mcgraph.interop`` import none of these libraries; the
 layer adapters recognise layers by class and attribute names and never import theirs;
-``interop.pyro`` and ``interop.tyxe`` import Pyro / TyXe when used and raise an ``ImportError``
-naming the package to install when it is missing.
+``interop.pyro``, ``interop.tyxe`` and ``interop.peft`` import Pyro / TyXe / peft when used and raise
+an ``ImportError`` naming the package to install when it is missing.
 
 Example:
     >>> import torch, mcgraph.interop as interop
