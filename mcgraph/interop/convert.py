@@ -1,8 +1,9 @@
 """Foreign Bayesian layers swapped for :mod:`mcgraph.nn` layers that hold the very same Parameters.
 
 ``to_mcgraph(model)`` (one per library adapter) returns a model whose foreign Linear / Conv /
-ConvTranspose layers are replaced by :class:`~mcgraph.nn.BayesLinear`,
-:class:`~mcgraph.nn.BayesConv` or :class:`~mcgraph.nn.BayesConvTranspose` layers whose
+ConvTranspose layers (and the recurrent layers an adapter maps, see its module) are replaced by
+:class:`~mcgraph.nn.BayesLinear`, :class:`~mcgraph.nn.BayesConv` or
+:class:`~mcgraph.nn.BayesConvTranspose` layers whose
 ``weight_mu``, ``weight_rho``, ``bias_mu`` and ``bias_rho`` **are** the foreign Parameters
 (same objects), with the library's σ = t(ρ) (:mod:`mcgraph.nn.scales`) and prior. The user's
 optimizer, which holds those Parameters, trains the converted model; the original model (left
@@ -13,7 +14,7 @@ graph that does not grow with it.
 
 Every other module is copied structurally (new module objects sharing the same Parameter
 and buffer tensors, hooks and attributes), so the converted model's ``forward`` is the
-original's. A module of the foreign library that is not a convertible layer (a recurrent
+original's. A module of the foreign library that is not a convertible layer (an embedding
 layer, a layer whose ``forward`` returns ``(out, kl)``, a Bayesian BatchNorm, …) is refused
 with a ``TypeError`` that says why and what to do instead.
 
