@@ -327,3 +327,47 @@ def test_bayesify_only_freezes_the_rest_unless_told_otherwise():
     assert all(p.requires_grad for p in mg.nn.bayesify(net).parameters())
     with pytest.raises(TypeError, match="freeze_rest"):
         mg.nn.bayesify(net, only="2", freeze_rest="yes")
+
+
+# --------------------------------------------------------------------------------- many processes
+
+def _process_group_case(group) -> dict:
+    model = mg.nn.bayesian_lora(_mlp(), rank=2, rho_init=-1.0, kl_samples=6)
+    _randomise_b(model, scale=1.0)
+    x = torch.randn(5, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    y = torch.tensor([0, 1, 2, 0, 1])
+    params = [p for p in model.parameters() if p.requires_grad]
+    loss = -mg.nn.elbo(model, x, y, num_samples=mg.Sampling(7, chunk_size=2, process_group=group), dataset_size=50,
+                       seed=4)
+    grads = torch.autograd.grad(loss, params)
+    return {"elbo": torch.cat([loss.detach().reshape(1)] + [g.reshape(-1) for g in grads]),
+            "predict": mg.nn.predict(model, x, 9, chunk_size=2, seed=5, process_group=group)}
+
+
+def _process_group_worker(rank: int, world: int, store: str, outdir: str) -> None:
+    import datetime
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        torch.save(_process_group_case(dist.group.WORLD), f"{outdir}/rank{rank}.pt")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_adapters_split_samples_over_a_process_group(tmp_path):
+    """2 gloo ranks split the ELBO's and the prediction's samples: the value and gradients of one process."""
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_process_group_worker, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2,
+                       start_method="spawn")
+    ref = _process_group_case(None)
+    for rank in range(2):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        for key in ref:
+            torch.testing.assert_close(got[key], ref[key], rtol=1e-9, atol=1e-12)

@@ -76,7 +76,8 @@ def _active_adapter(name: str, layer: nn.Module) -> str:
         raise ValueError(f"peft_model: {where} has merged adapters {layer.merged_adapters}: its base weight holds "
                          f"W0 + ΔW; call peft_model.unmerge_adapter() first")
     if layer.disable_adapters:
-        raise ValueError(f"peft_model: {where} has its adapters disabled; enable them (peft_model.enable_adapter_layers())")
+        raise ValueError(f"peft_model: {where} has its adapters disabled; enable them "
+                         f"(peft_model.enable_adapter_layers())")
     active = [a for a in layer.active_adapters if a in layer.lora_A]
     if len(active) != 1:
         raise ValueError(f"peft_model: {where} has {len(active)} active LoRA adapters {active}; activate exactly one "

@@ -24,9 +24,11 @@ posterior, ``B`` is a point estimate initialised to 0. Three reasons:
 
 * with ``B`` fixed, :math:`\\Delta W = BA` is linear in ``A``, so a Gaussian ``q(A)`` is a Gaussian
   posterior over the full update, :math:`\\operatorname{vec}(\\Delta W) \\sim
-  \\mathcal N\\big(\\operatorname{vec}(B M_A),\\, (I \\otimes B)\\,\\operatorname{diag}(\\sigma_A^2)\\,(I \\otimes B^\\top)\\big)`,
-  a low-rank, correlated covariance on the weight at the cost of mean-field parameters on ``A``;
-  a product of two random factors has no such form and multiplies their variances;
+  \\mathcal N\\big(\\operatorname{vec}(B M_A),\\,
+  (I \\otimes B)\\,\\operatorname{diag}(\\sigma_A^2)\\,(I \\otimes B^\\top)\\big)`,
+  a low-rank, correlated covariance on the weight at the cost of mean-field parameters on ``A``
+  (``vec`` stacks columns);
+  a product of two random factors is not Gaussian, and its variance carries the cross term σ_A²σ_B²;
 * ``B = 0`` at initialisation makes every *sample* of ΔW zero, not only its mean, so the adapted
   network is exactly the pretrained one until training moves ``B`` (with a variational ``B`` the
   samples would perturb the pretrained function before any data is seen);
@@ -42,8 +44,8 @@ Example:
     >>> x = torch.randn(5, 8)
     >>> torch.equal(lora(x), net(x))                      # B = 0: exactly the pretrained network
     True
-    >>> [n for n, p in lora.named_parameters() if p.requires_grad]
-    ['0.lora_A.weight_mu', '0.lora_A.weight_rho', '0.lora_B.weight', '2.lora_A.weight_mu', '2.lora_A.weight_rho', '2.lora_B.weight']
+    >>> [n for n, p in lora.named_parameters() if p.requires_grad][:3]     # and the same for layer 2
+    ['0.lora_A.weight_mu', '0.lora_A.weight_rho', '0.lora_B.weight']
     >>> loss = -mg.nn.elbo(lora, x, torch.tensor([0, 1, 2, 0, 1]), num_samples=16, dataset_size=100, seed=0)
     >>> loss.backward()
 """
@@ -74,7 +76,7 @@ def is_conv1d(module: nn.Module) -> bool:
 
 
 def adaptable(module: nn.Module) -> tuple[int, int] | None:
-    """``(in_features, out_features)`` of a layer a LoRA adapter can wrap (``nn.Linear`` or ``Conv1D``), else ``None``."""
+    """``(in_features, out_features)`` of a layer a LoRA adapter can wrap (``nn.Linear``, ``Conv1D``), else ``None``."""
     if isinstance(module, nn.Linear):
         return module.in_features, module.out_features
     if is_conv1d(module):
@@ -123,7 +125,8 @@ class BayesLoRA(nn.Module):
         super().__init__()
         shape = adaptable(base_layer)
         if shape is None:
-            raise TypeError(f"base_layer must be an nn.Linear or a transformers Conv1D, got {type(base_layer).__name__}")
+            raise TypeError(f"base_layer must be an nn.Linear or a transformers Conv1D, "
+                            f"got {type(base_layer).__name__}")
         self.base_layer = base_layer
         self.lora_A = lora_A
         self.lora_B = lora_B
