@@ -315,6 +315,13 @@ def test_last_layer_makes_the_last_linear_bayesian_and_freezes_the_rest():
     assert [n for n, p in gpt_head.named_parameters() if p.requires_grad] == ["lm_head.weight_mu", "lm_head.weight_rho"]
     with pytest.raises(ValueError, match="model: .* has no nn.Linear"):
         mg.nn.last_layer(nn.Sequential(nn.ReLU()))
+    both = mg.nn.last_layer(mg.nn.bayesian_lora(net, rank=2, targets=["0", "2"]))  # adapters + a Bayesian head
+    assert isinstance(both[4], mg.nn.BayesLinear) and isinstance(both[2].lora_B, nn.Linear)
+    assert {n for n, p in both.named_parameters() if p.requires_grad} == {
+        f"{i}.lora_{f}" for i in (0, 2) for f in ("A.weight_mu", "A.weight_rho", "B.weight")} | {
+        "4.weight_mu", "4.weight_rho", "4.bias"}
+    with pytest.raises(ValueError, match="model: .* has no nn.Linear"):
+        mg.nn.last_layer(mg.nn.bayesian_lora(net, rank=2, targets=["0", "2", "4"]))
     with pytest.raises(TypeError, match="only"):
         mg.nn.last_layer(net, only="0")
 

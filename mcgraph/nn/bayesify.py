@@ -12,6 +12,7 @@ from .attention import BayesMultiheadAttention
 from .context import BayesianModule, bayesian_modules
 from .embedding import BayesEmbedding
 from .layers import BayesConv, BayesConvTranspose, BayesLinear, SampleMode
+from .lora import BayesLoRA
 from .module_select import selector
 from .recurrent import BayesRNNBase
 
@@ -28,8 +29,8 @@ _CONVERTIBLE = {
     nn.MultiheadAttention: BayesMultiheadAttention,
 }
 
-#: Modules already Bayesian (never converted, never entered).
-_BAYESIAN = (BayesianModule, BayesRNNBase, BayesMultiheadAttention)
+#: Modules already Bayesian (never converted, never entered); a LoRA adapter holds its own Bayesian sites.
+_BAYESIAN = (BayesianModule, BayesRNNBase, BayesMultiheadAttention, BayesLoRA)
 
 def _target(module: nn.Module):
     for t in type(module).__mro__:
@@ -194,9 +195,10 @@ def last_layer(model: nn.Module, *, freeze_rest: bool = True, **options) -> nn.M
         if name in options:
             raise TypeError(f"last_layer: {name}= is not an option here (the last nn.Linear is chosen); "
                             f"use mg.nn.bayesify(model, {name}=...) for another selection")
-    inside_attention = {f"{name}.{child}" if name else child for name, m in model.named_modules()
-                        if isinstance(m, nn.MultiheadAttention) for child, _ in m.named_children()}
-    linear = [name for name, m in model.named_modules() if isinstance(m, nn.Linear) and name not in inside_attention]
+    # not the projections nn.MultiheadAttention reads directly, nor a layer inside a Bayesian module or adapter
+    closed = [name for name, m in model.named_modules() if isinstance(m, _BAYESIAN + (nn.MultiheadAttention,))]
+    linear = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)
+              and not any(name.startswith(c + ".") or (c == "" and name) for c in closed)]
     if not linear:
         raise ValueError(f"model: {type(model).__name__} has no nn.Linear layer to make Bayesian")
     return bayesify(model, only=linear[-1], freeze_rest=freeze_rest, **options)
