@@ -117,7 +117,9 @@ class BayesLoRA(nn.Module):
         Input ``(N, *, in_features)``; output ``(N, *, out_features)``.
 
     Attributes:
-        rank, in_features, out_features, scaling.
+        rank: r, the factors' inner dimension.
+        in_features, out_features: the base layer's (for ``Conv1D``: ``weight.shape``).
+        scaling: α / r.
     """
 
     def __init__(self, base_layer: nn.Module, lora_A: nn.Module, lora_B: nn.Module, scaling: float,
