@@ -39,7 +39,8 @@ def _cell(cells, q_paper, p_paper):
 
 def test_registry_of_targets():
     assert set(TARGETS) == {"table1", "theorems", "fig2_left", "fig2_right", "fig1_fig6", "fig7_fig8", "vogn_table",
-                            "spike_slab", "sparse_vd_kl", "sparse_vd_table", "random_labels", "bbb_cnn", "ivon_table"}
+                            "spike_slab", "sparse_vd_kl", "sparse_vd_table", "random_labels", "bbb_cnn", "ivon_table",
+                            "sequence_table"}
     with pytest.raises(ValueError, match="target must be one of"):
         get_target("table9")
 
@@ -135,6 +136,18 @@ def test_quick_all(tmp_path):
     readme = (tmp_path / "README.md").read_text()
     assert all(name in readme for name in TARGETS)
     _assert_quick_spike_slab_outcomes(json.loads((tmp_path / "spike_slab.json").read_text()))
+    _assert_quick_sequence_outcomes(json.loads((tmp_path / "sequence_table.json").read_text()))
+
+
+def _assert_quick_sequence_outcomes(record: dict) -> None:
+    """The quick sequence table trained all four models on the digits read by rows, with both seeds: each
+    learns (chance is 10 %), and the predictive entropy tells noise and rotated digits from the test digits."""
+    runs = record["rows"]["runs"]
+    assert sorted(r["arm"] for r in runs) == sorted(f"digits:{a}" for a in
+                                                    ("lstm", "mc_dropout", "bayes_lstm", "bayes_transformer") * 2)
+    for key, a in record["rows"]["aggregate"].items():
+        assert a["accuracy"][0] >= 0.8, (key, a["accuracy"])
+        assert a["ood_noise"][0] >= 0.6 and a["ood_rotated"][0] >= 0.6, (key, a["ood_noise"], a["ood_rotated"])
 
 
 def _assert_quick_spike_slab_outcomes(record: dict) -> None:

