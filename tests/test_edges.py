@@ -103,7 +103,8 @@ def test_stderr_with_one_sample_kl_names_kl_samples_not_num_samples():
     x, y = _batch()
     with pytest.raises(ValueError, match="kl_samples must be >= 2 with return_stderr.*kl_samples=1"):
         mnn.elbo_terms(net, x, y, num_samples=32, dataset_size=100, seed=0, return_stderr=True)
-    t = mnn.elbo_terms(net, x, y, num_samples=32, dataset_size=100, kl_samples=8, seed=0, return_stderr=True)
+    t = mnn.elbo_terms(net, x, y, num_samples=32, dataset_size=100, kl_samples=mg.Sampling(8, method="monte-carlo"),
+                       seed=0, return_stderr=True)
     assert t.kl_stderr > 0
 
 
@@ -231,9 +232,11 @@ def test_the_checks_module_is_the_one_rule():
 def test_return_stderr_is_an_mc_estimate_from_the_functional_and_the_model_kl():
     q = torch.distributions.Normal(torch.zeros(3), torch.ones(3))
     a = mg.kl_divergence(q, torch.distributions.Laplace(0.0, 1.0), 8, seed=0, return_stderr=True)
-    b = mnn.kl(_bnn(kl_samples=8), seed=0, return_stderr=True)
+    b = mnn.kl(_bnn(kl_samples=8), seed=0, method="monte-carlo", return_stderr=True)
     assert isinstance(a, mg.MCEstimate) and isinstance(b, mg.MCEstimate)
     assert b.num_samples == 8 and b.stderr > 0
+    exact = mnn.kl(_bnn(kl_samples=8), seed=0, return_stderr=True)  # the default prior's KL: closed form
+    assert isinstance(exact, mg.MCEstimate) and exact.stderr == 0
 
 
 # --------------------------------------------------------------------------- the command line

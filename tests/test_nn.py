@@ -61,7 +61,9 @@ def test_layer_shapes_and_kl_equal_direct(kind, posterior, prior):
     assert tuple(q.batch_shape + q.event_shape) == tuple(layer.weight_mu.shape)
     if posterior == "radial":
         assert q.event_shape == layer.weight_mu.shape  # the event is the whole weight tensor
-    got = layer.kl(seed=7)
+    # the default is exact where exact exists: the functional API's rule, summed
+    torch.testing.assert_close(layer.kl(seed=7), mg.kl_divergence(q, layer.prior, 40, seed=7).sum(), rtol=0, atol=0)
+    got = layer.kl(seed=7, method="monte-carlo")  # the sampled KL keeps the same-noise contract
     ref = mg.kl_divergence(q, layer.prior, 40, seed=7, method="direct").sum()
     assert got.shape == ()
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-3)

@@ -211,30 +211,35 @@ def test_data_term_stderr_matches_the_spread_over_400_seeds():
 def test_elbo_terms_report_stderr_of_both_terms():
     net = _net()
     x, y = torch.randn(8, 5), torch.randint(0, 3, (8,))
-    t = mnn.elbo_terms(net, x, y, num_samples=16, dataset_size=100, kl_weight=0.5, seed=0, return_stderr=True)
-    plain = mnn.elbo_terms(net, x, y, num_samples=16, dataset_size=100, kl_weight=0.5, seed=0)
+    mc = mg.Sampling(method="monte-carlo")  # the Normal prior's KL is exact by default: sample it here
+    t = mnn.elbo_terms(net, x, y, num_samples=16, dataset_size=100, kl_weight=0.5, seed=0, return_stderr=True,
+                       kl_samples=mc)
+    plain = mnn.elbo_terms(net, x, y, num_samples=16, dataset_size=100, kl_weight=0.5, seed=0, kl_samples=mc)
     torch.testing.assert_close(t.elbo, plain.elbo)
     assert t.log_likelihood_stderr > 0 and t.kl_stderr > 0
     torch.testing.assert_close(t.elbo_stderr, (t.log_likelihood_stderr ** 2 + (0.5 * t.kl_stderr / 100) ** 2).sqrt())
     assert plain.kl_stderr is None
+    exact = mnn.elbo_terms(net, x, y, num_samples=16, dataset_size=100, kl_weight=0.5, seed=0, return_stderr=True)
+    assert exact.kl_stderr == 0 and torch.equal(exact.elbo_stderr, exact.log_likelihood_stderr)
     # the KL's error is that of the sum over every weight (independent noise per element and layer)
-    est = mnn.kl(net, seed=7, return_stderr=True)
+    est = mnn.kl(net, seed=7, method="monte-carlo", return_stderr=True)
     assert isinstance(est, mg.MCEstimate)  # one result type for an estimate with its standard error
     kl, se, m = est
     assert m == min(layer.kl_samples for layer in mnn.bayesian_modules(net))
     parts = []
     for i, layer in enumerate(mnn.bayesian_modules(net)):
         e = mg.kl_divergence(layer.posterior, layer.prior, layer.kl_samples,
-                             seed=mg.engine.noise.mix_seed(7, i), return_stderr=True)
+                             seed=mg.engine.noise.mix_seed(7, i), method="monte-carlo", return_stderr=True)
         parts.append(e.stderr.square().sum())
     torch.testing.assert_close(se, torch.stack(parts).sum().sqrt())
-    torch.testing.assert_close(kl, mnn.kl(net, seed=7))
+    torch.testing.assert_close(kl, mnn.kl(net, seed=7, method="monte-carlo"))
     t.elbo.backward()
 
 
 def test_radial_kl_stderr_is_that_of_the_event_sum():
     layer = mnn.BayesLinear(6, 4, posterior="radial", prior="normal", kl_samples=50, rho_init=-1.0)
-    reported, empirical = _agreement(lambda s: layer.kl(seed=s, return_stderr=True), seeds=range(R))
+    reported, empirical = _agreement(lambda s: layer.kl(seed=s, method="monte-carlo", return_stderr=True),
+                                     seeds=range(R))
     assert abs(reported / empirical - 1) < 0.15, (reported, empirical)   # 0-d: n = 400, SD error ≈ 3.5 %
 
 

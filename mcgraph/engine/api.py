@@ -14,15 +14,17 @@ from .estimators import chunked_value, collapsed_value, direct_value, fused_valu
 from .estimators.analytic import analytic_statistics
 from .estimators.sampling import default_chunk, samples, stream_for
 from .estimators.fused import describe_body
+from .closed_form import closed_form_kl, kl_rule
 from .families import SamplingForm, distribution_parameters, family_of
 from .trace import floating, guarded
 from .distributed import sharded
 from . import checks
 from .noise import resolve_seed
+from .methods import KL_METHODS, parse_method
 from .options import Sampling, resolve_sampling
 from .plan_cache import cached_trace
 from .stderr import MCEstimate, StderrCollector, refuse_with_process_group
-from .tuples import Plan, Tier, classify
+from .tuples import KLPlan, Plan, Tier, classify
 
 _VALIDATE = True
 
@@ -82,27 +84,67 @@ def plan_for(fn: Callable, dist: Distribution, *, seed: int = 0, method: str = "
     return _plan(fn, family_of(dist), seed, method, taylor_order)
 
 
-def explain(fn: Callable, dist: Distribution, *, method: str = "auto", taylor_order: int | None = None) -> Plan:
-    """How :func:`expectation` would compute ``E_{w~dist}[fn(w)]``.
+def explain(fn: Callable | Distribution, dist: Distribution, *, method: str = "auto",
+            taylor_order: int | None = None) -> Plan | KLPlan:
+    """How :func:`expectation` would compute ``E_{w~dist}[fn(w)]``, or :func:`kl_divergence` KL(q ‖ p).
 
-    Returns the frozen :class:`~mcgraph.engine.tuples.Plan`; its ``str()`` lists, per term,
-    the tier, the parameterization tuple (G, n, t) in words, d_P, and why a term
+    ``explain(fn, dist)`` returns the frozen :class:`~mcgraph.engine.tuples.Plan`; its ``str()`` lists,
+    per term, the tier, the parameterization tuple (G, n, t) in words, d_P, and why a term
     is not collapsible, and whether the trace came from the plan cache
     (:mod:`mcgraph.engine.plan_cache`; ``plan.cache``).
+
+    ``explain(q, p)`` (two distributions) returns a :class:`~mcgraph.engine.tuples.KLPlan`: whether
+    the KL is torch's closed form (``closed_form``: the rule's name) or the engine's, with the plans
+    of E_q[log p] (and of E_q[log q] when q has no entropy), and whether it is exact.
 
     Example:
         >>> import torch, mcgraph as mg
         >>> q = torch.distributions.Normal(torch.zeros(3), torch.ones(3))
         >>> print(mg.explain(lambda w: (w - 1) ** 3, q).tiers)
         (<Tier.COLLAPSED: 'collapsed'>,)
+        >>> mg.explain(q, torch.distributions.Normal(0.0, 1.0)).closed_form
+        '_kl_normal_normal'
+        >>> mg.explain(q, torch.distributions.Laplace(0.0, 1.0)).exact
+        False
     """
+    if isinstance(fn, Distribution):
+        return _explain_kl(fn, dist, method, taylor_order)
     plan = plan_for(fn, dist, method=method, taylor_order=taylor_order)
+    return _describe_fused(plan)
+
+
+def _describe_fused(plan: Plan) -> Plan:
     if not isinstance(plan.form, SamplingForm):
         return plan
     # the fused terms' chunk body, in words (the estimators know it; the plan, a floor below, does not)
     terms = tuple(dataclasses.replace(t, chunk_body=describe_body(plan.form, t.node))
                   if t.tier == Tier.FUSED and t.node is not None else t for t in plan.terms)
     return dataclasses.replace(plan, terms=terms)
+
+
+def _explain_kl(q: Distribution, p: Distribution, method, taylor_order) -> KLPlan:
+    if not isinstance(p, Distribution):
+        raise TypeError(f"p must be a torch.distributions.Distribution to explain KL(q || p), got {type(p).__name__}")
+    method = parse_method(method, KL_METHODS)
+    if method in ("auto", "closed-form") and taylor_order is None:
+        with torch.no_grad():
+            rule = kl_rule(q, p)
+            if rule is not None and closed_form_kl(q, p) is not None:
+                return KLPlan(method, closed_form=getattr(rule, "__name__", repr(rule)))
+        if method == "closed-form":
+            raise NotImplementedError(f"method='closed-form': torch has no KL rule for {type(q).__name__} ‖ "
+                                      f"{type(p).__name__}")
+    engine_method = "auto-analytic" if method == "auto" else method
+    extra = len(q.event_shape) - len(p.event_shape)
+    cross = _describe_fused(plan_for(_log_density(p, extra), q, method=engine_method, taylor_order=taylor_order))
+    try:
+        with torch.no_grad():
+            q.entropy()
+        return KLPlan(method, entropy="closed form", cross=cross)
+    except NotImplementedError:
+        entropy_method = "monte-carlo" if method in ("collapsed", "collapsed-exact", "fused") else engine_method
+        return KLPlan(method, entropy="estimated", cross=cross,
+                      neg_entropy=_describe_fused(plan_for(q.log_prob, q, method=entropy_method)))
 
 
 def evaluate(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size: int | None,
@@ -322,17 +364,34 @@ def _sum_rightmost(x: torch.Tensor, n: int) -> torch.Tensor:
     return x.sum(tuple(range(-n, 0))) if n > 0 else x
 
 
+def _log_density(p: Distribution, extra: int) -> Callable:
+    """``w ↦ log p(w)`` summed over q's ``extra`` event dimensions that p lacks."""
+    if extra == 0:
+        return p.log_prob
+
+    def log_p(w):
+        return _sum_rightmost(p.log_prob(w), extra)
+
+    return log_p
+
+
 def kl_divergence(q: Distribution, p: Distribution, num_samples: int | Sampling, *, seed: int | None = None,
                   method: str = "auto", chunk_size: int | None = None,
                   taylor_order: int | None = None, return_stderr: bool = False, process_group=None):
-    """Monte Carlo estimate of KL(q ‖ p) with torch's shape semantics (``q.batch_shape``).
+    """KL(q ‖ p) with torch's shape semantics (``q.batch_shape``): exact where exact exists, else Monte Carlo.
 
     .. math::
         KL(q\\|p) = -H(q) - E_q[\\log p(w)]
 
-    The entropy H(q) is taken in closed form where ``q.entropy()`` exists; otherwise
-    ``E_q[log q(w)]`` is estimated by the engine with the same noise. ``E_q[log p(w)]``
-    is estimated by :func:`expectation` (collapsed/fused/chunked per term).
+    Under ``method="auto"`` (the default) the KL is exact wherever an exact form exists, as in
+    Pyro's ``TraceMeanField_ELBO``: torch's registered closed form for the pair (Normal ‖ Normal,
+    Laplace ‖ Normal, …; :mod:`mcgraph.engine.closed_form`); otherwise the entropy in closed form
+    where ``q.entropy()`` exists (else ``E_q[log q(w)]`` estimated with the same noise) and
+    ``E_q[log p(w)]`` by :func:`expectation` with its polynomial terms exact (the analytic tier)
+    and the other terms sampled (collapsed / fused / chunked). :func:`explain` with ``(q, p)``
+    says which. Any other method samples: ``"monte-carlo"`` picks the cheapest sampling tier per
+    term, the others force one (the same-seed contract holds among them); ``"closed-form"``
+    requires torch's rule.
 
     An improper prior (``mcgraph.distributions.LogUniform``) is accepted: its density
     is defined up to an additive constant, so the KL is too (the constant is dropped).
@@ -340,20 +399,34 @@ def kl_divergence(q: Distribution, p: Distribution, num_samples: int | Sampling,
     Args:
         q: the approximate posterior (registered family or ``rsample``).
         p: the prior, any distribution with ``log_prob`` whose shape broadcasts with q's samples.
-        num_samples, seed, method, chunk_size, taylor_order, process_group: as in :func:`expectation`.
+        num_samples: M of the sampled terms (validated always, unused by an exact KL), or a
+            :class:`~mcgraph.Sampling`.
+        method: ``"auto"`` (exact where exact exists), ``"closed-form"``, ``"monte-carlo"`` or
+            any method of :func:`expectation` (:data:`mcgraph.engine.methods.KL_METHODS`).
+        seed, chunk_size, taylor_order, process_group: as in :func:`expectation` (an exact KL is
+            computed whole on every rank of ``process_group``).
         return_stderr: also return the standard error of the estimate (an
-            :class:`~mcgraph.engine.stderr.MCEstimate`). When the entropy is estimated too (no closed
-            form), it shares the noise with the cross term, and the standard error is that of the
-            per-sample difference ``log q(w_i) − log p(w_i)`` (one extra pass over the same noise).
+            :class:`~mcgraph.engine.stderr.MCEstimate`; 0 for a closed form). When the entropy is
+            estimated too (no closed form), it shares the noise with the cross term, and the
+            standard error is that of the per-sample difference ``log q(w_i) − log p(w_i)`` (one
+            extra pass over the same noise).
 
     Returns:
         Tensor of shape ``q.batch_shape`` (broadcast with p's batch shape).
+
+    Raises:
+        NotImplementedError: ``method="closed-form"`` and torch has no rule for the pair.
 
     Example:
         >>> import torch, mcgraph as mg
         >>> q = torch.distributions.Normal(torch.zeros(3), torch.ones(3))
         >>> p = mg.distributions.ScaleMixtureNormal(pi=0.5, scale1=1.0, scale2=1e-3)
         >>> mg.kl_divergence(q, p, num_samples=1000, seed=0).shape
+        torch.Size([3])
+        >>> n = torch.distributions.Normal(0.0, 2.0)
+        >>> mg.kl_divergence(q, n, 1000)              # torch's closed form: log 2 + 1/8 − 1/2
+        tensor([0.3181, 0.3181, 0.3181])
+        >>> mg.kl_divergence(q, n, 1000, seed=0, method="monte-carlo").shape   # sampled on request
         torch.Size([3])
     """
     num_samples, seed, method, chunk_size, return_stderr, process_group = _sampling_arguments(
@@ -380,19 +453,33 @@ def _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, re
                          f"{tuple(q.event_shape)}; the KL per q batch element is undefined")
     _check_support(q, p)
     _check_finite(p, "p")
-    seed = resolve_seed(seed)
+    method = parse_method(method, KL_METHODS)
     return_stderr = _check_stderr(return_stderr, _check_num_samples(num_samples), taylor_order, shard)
+    checks.seed("seed", seed)  # validated even where no noise is drawn
+    if method in ("auto", "closed-form") and taylor_order is None:
+        _check_finite(q, "q")
+        value = closed_form_kl(q, p)
+        if value is not None:
+            return MCEstimate(value, torch.zeros_like(value.detach()), num_samples) if return_stderr else value
+        if method == "closed-form":
+            raise NotImplementedError(f"method='closed-form': torch has no KL rule for {type(q).__name__} ‖ "
+                                      f"{type(p).__name__}" + ("" if q.event_shape == p.event_shape else
+                                                               f" with event shapes {tuple(q.event_shape)} and "
+                                                               f"{tuple(p.event_shape)}"))
+    elif method == "closed-form":
+        raise ValueError("taylor_order: an approximation of a closed form; drop taylor_order or method='closed-form'")
+    seed = resolve_seed(seed)
+    # "auto" without a closed form: the polynomial terms of E_q[log p] exact, the rest sampled
+    engine_method = "auto-analytic" if method == "auto" else method
 
-    def log_p(w):
-        return _sum_rightmost(p.log_prob(w), extra)
-
+    log_p = _log_density(p, extra)
     with _no_validation(p):
         cross = cross_se = neg_entropy_se = None
-        if method in ("auto", "fused") and taylor_order is None and not return_stderr and shard is None:
-            # a registered Triton integrand, if any
+        if method in ("auto", "monte-carlo", "fused") and taylor_order is None and not return_stderr \
+                and shard is None:  # a registered Triton integrand, if any
             cross = backend.log_prob_expectation(q, p, num_samples, seed, sum_rightmost=extra)
         if cross is None:
-            cross = expectation(log_p, q, num_samples, seed=seed, method=method, chunk_size=chunk_size,
+            cross = expectation(log_p, q, num_samples, seed=seed, method=engine_method, chunk_size=chunk_size,
                                 taylor_order=taylor_order, return_stderr=return_stderr, process_group=shard)
             if return_stderr:
                 cross, cross_se, _ = cross
@@ -403,8 +490,8 @@ def _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, re
         if entropy is not None:  # −(H + E[log p]): one negation (forward and backward) instead of two
             value = (entropy + cross).neg()
         else:
-            neg_entropy = expectation(q.log_prob, q, num_samples, seed=seed, method="auto"
-                                      if method in ("collapsed", "collapsed-exact", "fused") else method,
+            neg_entropy = expectation(q.log_prob, q, num_samples, seed=seed, method="monte-carlo"
+                                      if method in ("collapsed", "collapsed-exact", "fused") else engine_method,
                                       chunk_size=chunk_size, return_stderr=return_stderr, process_group=shard)
             if return_stderr:
                 neg_entropy, neg_entropy_se, _ = neg_entropy

@@ -3,7 +3,14 @@
 ``method`` takes a :class:`Method` or its string value, everywhere:
 
 ========================  ===============================================================
-``auto``                  the cheapest exact tier per term (collapsed, fused, chunked)
+``auto``                  the default. ``mg.expectation``: the cheapest sampling tier per term
+                          (collapsed, fused, chunked). The KL functions (``mg.kl_divergence``,
+                          ``mg.nn.kl``, the layers', ``mcgraph.interop``'s): exact where exact
+                          exists: torch's registered closed form for the (q, p) pair, else
+                          E_q[log p] with its polynomial terms exact (``auto-analytic``) and the
+                          other terms sampled, as Pyro's ``TraceMeanField_ELBO`` does
+``monte-carlo``           sampled, never exact: the cheapest sampling tier per term (what ``auto``
+                          is for ``mg.expectation``; asks the KL functions for an M-sample estimate)
 ``collapsed``             forced: noise statistics, then one small graph
 ``collapsed-exact``       forced: statistics drawn from their exact laws (same law, other numbers)
 ``fused``                 forced: sampling, evaluation and reduction in one pass
@@ -11,7 +18,7 @@
 ``direct``                the naive graph over every sample (the reference for comparisons)
 ``analytic``              exact expectations from the noise law's moments (no sampling)
 ``auto-analytic``         ``analytic`` where the moments allow, ``auto`` elsewhere
-``closed-form``           torch's registered ``kl_divergence`` rule (KL only; ``mcgraph.interop``)
+``closed-form``           torch's registered ``kl_divergence`` rule, required (KL functions only)
 ========================  ===============================================================
 
 Example:
@@ -21,7 +28,7 @@ Example:
     >>> parse_method("colapsed")
     Traceback (most recent call last):
     ...
-    ValueError: method must be one of 'auto', 'collapsed', 'collapsed-exact', 'fused', 'chunked', 'direct', 'analytic', 'auto-analytic'; got 'colapsed'
+    ValueError: method must be one of 'auto', 'monte-carlo', 'collapsed', 'collapsed-exact', 'fused', 'chunked', 'direct', 'analytic', 'auto-analytic'; got 'colapsed'
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ class Method(str, enum.Enum):
     """A value of ``method=`` (compares equal to its string)."""
 
     AUTO = "auto"
+    MONTE_CARLO = "monte-carlo"
     COLLAPSED = "collapsed"
     COLLAPSED_EXACT = "collapsed-exact"
     FUSED = "fused"
@@ -51,7 +59,8 @@ class Method(str, enum.Enum):
 
 #: What ``mg.expectation`` and ``mg.kl_divergence`` take.
 ENGINE_METHODS = tuple(m for m in Method if m is not Method.CLOSED_FORM)
-#: What the KL functions of ``mcgraph.interop`` take: ``auto`` prefers torch's closed form there.
+#: What the KL functions take (``mg.kl_divergence``, ``mg.nn.kl``, ``mcgraph.interop.kl``): ``auto`` is
+#: exact where exact exists there (see the table above).
 KL_METHODS = (Method.AUTO, Method.CLOSED_FORM) + tuple(m for m in ENGINE_METHODS if m is not Method.AUTO)
 
 

@@ -153,6 +153,56 @@ class Plan:
     __repr__ = __str__
 
 
+@dataclass(frozen=True, eq=False)
+class KLPlan:
+    """How :func:`mcgraph.kl_divergence` computes KL(q ‖ p) (what ``mg.explain(q, p)`` returns).
+
+    Attributes:
+        method: the method asked for.
+        closed_form: the name of torch's registered rule taken for the pair (empty when the engine
+            computes the KL).
+        entropy: ``"closed form"`` (``q.entropy()``), ``"estimated"`` (E_q[log q] by the engine, same
+            noise) or ``""`` (a closed-form KL).
+        cross: the plan of E_q[log p(w)] (``None`` for a closed-form KL).
+        neg_entropy: the plan of E_q[log q(w)] when the entropy is estimated, else ``None``.
+    """
+
+    method: str
+    closed_form: str = ""
+    entropy: str = ""
+    cross: Plan | None = None
+    neg_entropy: Plan | None = None
+
+    @property
+    def exact(self) -> bool:
+        """No Monte Carlo error: a closed form, or a closed-form entropy and only exact cross terms."""
+        if self.closed_form:
+            return True
+        plans = [x for x in (self.cross, self.neg_entropy) if x is not None]
+        return self.entropy == "closed form" and all(
+            x.trace.constant is not None or all(t.tier == Tier.ANALYTIC for t in x.terms) for x in plans)
+
+    def __str__(self) -> str:
+        head = f"Plan for KL(q || p)  (method={self.method})"
+        if self.closed_form:
+            return (f"{head}\n  closed form: torch's registered rule {self.closed_form} "
+                    f"[EXACT: no sampling, num_samples unused]")
+        lines = [head, f"  entropy: {self.entropy}" + (" (q.entropy())" if self.entropy == "closed form" else
+                                                       " (E_q[log q(w)], the same noise as the cross term)"),
+                 "  no closed form used: " + ("torch has no rule for the pair" if self.method == "auto"
+                                              else f"method={self.method!r} samples"),
+                 "  cross term E_q[log p(w)]:"]
+        lines += ["  " + line for line in str(self.cross).splitlines()]
+        if self.neg_entropy is not None:
+            lines.append("  negative entropy E_q[log q(w)]:")
+            lines += ["  " + line for line in str(self.neg_entropy).splitlines()]
+        lines.append("  exact: no Monte Carlo error (num_samples unused)" if self.exact else
+                     "  sampled: num_samples draws for the terms not exact")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
 _CACHE_LINES = {
     "hit": "from the plan cache (traced on an earlier call; no sample drawn)",
     "stored": "traced on this call and stored in the plan cache",
@@ -314,7 +364,7 @@ def classify(form, trace: TraceResult, method: str = "auto", taylor_order: int |
         return Plan(form, trace, (_whole(form, trace, Tier(method), "forced by method"),), method)
     if trace.opaque or isinstance(form, GenericForm):
         reason = trace.reason if trace.opaque else f"no sampling form ({form.reason})"
-        if method not in ("auto", "auto-analytic"):
+        if method not in ("auto", "monte-carlo", "auto-analytic"):
             raise ValueError(f"method={method!r} does not apply to term 'fn (whole integrand)': {reason}")
         return Plan(form, trace, (_whole(form, trace, Tier.CHUNKED, reason),), method)
 

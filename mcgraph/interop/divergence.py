@@ -3,10 +3,10 @@
 .. math::
     KL(q\\|p) = \\sum_{\\text{sites } s} \\sum_j KL\\big(q_{sj} \\,\\|\\, p_{sj}\\big)
 
-Each site's term is :func:`site_kl`: torch's closed form where torch has a rule for the
-pair (Normal‖Normal: exact, as bayesian-torch and torchbnn compute it), otherwise
-:func:`mcgraph.kl_divergence` with M samples (scale mixtures, floored densities,
-Student-t, …), whose autograd graph does not grow with M. Parameters are read when called
+Each site's term is :func:`site_kl` = :func:`mcgraph.kl_divergence`, exact where exact exists:
+torch's closed form where torch has a rule for the pair (Normal‖Normal: exact, as
+bayesian-torch and torchbnn compute it), otherwise the engine's estimate with M samples
+(scale mixtures, floored densities, Student-t, …), whose autograd graph does not grow with M. Parameters are read when called
 (nothing is cached) and gradients land on the Parameters the user's optimizer holds; the
 foreign model is not modified. Site ``i`` uses the noise seed ``mix(seed, i)``.
 
@@ -41,8 +41,9 @@ from .sites import VariationalSite, foreign_layers
 
 __all__ = ["site_kl", "sites_kl", "kl", "KL_METHODS"]
 
-#: ``method`` values: ``"auto"`` (closed form where torch has a rule, else the engine's ``"auto"``),
-#: ``"closed-form"`` (torch's rule, required), or an engine method forced on every site.
+#: ``method`` values: ``"auto"`` (exact where exact exists: torch's closed form, else the engine with
+#: exact polynomial terms), ``"closed-form"`` (torch's rule, required), ``"monte-carlo"`` (sampled), or
+#: an engine method forced on every site (the same values as :func:`mcgraph.kl_divergence`).
 KL_METHODS = tuple(m.value for m in _KL_METHODS)
 
 
@@ -52,14 +53,15 @@ def _check_method(method) -> str:
 
 def site_kl(q: Distribution, p: Distribution, num_samples: int, *, seed: int | None = None,
             method: str = "auto", process_group=None) -> torch.Tensor:
-    """KL(q ‖ p) elementwise: torch's closed form where it has one, else mcgraph's M-sample estimate.
+    """KL(q ‖ p) elementwise: :func:`mcgraph.kl_divergence` (torch's closed form where it has one, else
+    mcgraph's M-sample estimate under ``"auto"``).
 
     Args:
         q: the posterior of one site (any distribution :func:`mcgraph.kl_divergence` accepts).
         p: its prior.
         num_samples: M of the estimate (unused by a closed form).
         seed: noise seed of the estimate (``None``: drawn from torch's global generator).
-        method: ``"auto"``, ``"closed-form"`` or an engine method (:data:`KL_METHODS`).
+        method: ``"auto"``, ``"closed-form"``, ``"monte-carlo"`` or an engine method (:data:`KL_METHODS`).
         process_group: split the estimate's samples across a ``torch.distributed`` group
             (:func:`mcgraph.expectation`; a closed form is computed whole on every rank).
 
@@ -69,16 +71,7 @@ def site_kl(q: Distribution, p: Distribution, num_samples: int, *, seed: int | N
     Raises:
         NotImplementedError: ``method="closed-form"`` and torch has no rule for the pair.
     """
-    _check_method(method)
-    if method in ("auto", "closed-form"):
-        try:
-            return torch.distributions.kl_divergence(q, p)
-        except NotImplementedError:
-            if method == "closed-form":
-                raise NotImplementedError(f"method='closed-form': torch has no KL rule for "
-                                          f"{type(q).__name__} ‖ {type(p).__name__}") from None
-        method = "auto"
-    return kl_divergence(q, p, num_samples, seed=seed, method=method, process_group=process_group)
+    return kl_divergence(q, p, num_samples, seed=seed, method=_check_method(method), process_group=process_group)
 
 
 def sites_kl(found: Sequence[VariationalSite], num_samples: int, *, seed: int | None = None,

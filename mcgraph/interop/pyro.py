@@ -2,8 +2,9 @@
 
 :class:`MeanFieldELBO` is a ``pyro.infer.TraceMeanField_ELBO`` that computes each latent
 site's KL(q ‖ p) with :func:`site_kl`: torch's closed form where torch has a rule
-(``kl_method="auto"``, the default), otherwise mcgraph's ``kl_samples``-sample estimate, whose
-graph does not grow with the number of samples. Where ``TraceMeanField_ELBO`` falls back to a
+(``kl_method="auto"``, the default: :func:`mcgraph.kl_divergence`'s rule, exact where exact exists),
+otherwise mcgraph's ``kl_samples``-sample estimate, whose graph does not grow with the number of
+samples (``kl_method="monte-carlo"`` samples every site). Where ``TraceMeanField_ELBO`` falls back to a
 **one-sample** estimate (a scale-mixture, Student-t, Cauchy or log-normal prior; and Pyro's own
 ``AutoNormal``, whose sites are ``Delta``\\ s behind auxiliary ``<name>_unconstrained`` Normal
 sites) it gets the M-sample estimate, or the exact KL: for a real-support ``AutoNormal`` site the
@@ -42,6 +43,7 @@ from torch.distributions.transforms import ComposeTransform, IndependentTransfor
 
 from ..engine import checks
 from ..engine.api import kl_divergence
+from ..engine.closed_form import MONTE_CARLO_RULE
 from ..engine.noise import mix_seed, resolve_seed
 from ..engine.methods import parse_method
 from . import divergence
@@ -102,8 +104,9 @@ def _make_mean_field_elbo():
         Args:
             num_particles: P, as in Pyro's ELBOs.
             kl_samples: M of each site's KL estimate (sites with a closed form ignore it).
-            kl_method: ``"auto"`` (closed form where torch has one), ``"closed-form"``, or an engine
-                method forced on every site (:data:`mcgraph.interop.KL_METHODS`).
+            kl_method: ``"auto"`` (closed form where torch has one), ``"closed-form"``,
+                ``"monte-carlo"`` (sampled), or an engine method forced on every site
+                (:data:`mcgraph.interop.KL_METHODS`).
             seed: noise seed; ``None`` draws one per particle from torch's global generator (so
                 ``pyro.set_rng_seed`` makes runs reproducible).
             **elbo_kwargs: the other arguments of ``pyro.infer.ELBO`` (``vectorize_particles``, …).
@@ -234,5 +237,6 @@ def register_mc_kl(q_type: type, p_type: type, num_samples: int, *, method: str 
         return kl_divergence(q, p, m, method=method)
 
     mc_kl.__name__ = f"mcgraph_kl_{q_type.__name__}_{p_type.__name__}"
+    setattr(mc_kl, MONTE_CARLO_RULE, True)  # an estimate, not a closed form: mg.kl_divergence skips it
     torch.distributions.register_kl(q_type, p_type)(mc_kl)
     return mc_kl

@@ -9,8 +9,9 @@ Every layer holds a variational posterior over its weight,
 built on demand by the property :attr:`BayesLayer.posterior`, and a prior ``p(W)``
 (the property :attr:`BayesLayer.prior`). ``forward`` returns only the output; the KL term is
 collected from the modules by :func:`mcgraph.nn.kl`, which calls
-:meth:`BayesLayer.kl` = ``mg.kl_divergence(q, p, kl_samples)`` (collapsed, fused
-or chunked tier, graph independent of ``kl_samples``).
+:meth:`BayesLayer.kl` = ``mg.kl_divergence(q, p, kl_samples)``: exact where exact exists (torch's
+closed form, or the engine's exact tier for polynomial terms), else the collapsed, fused or chunked
+tier, graph independent of ``kl_samples``.
 
 Noise is functional: every forward draws fresh noise (global generator, or the
 seeded streams of a sample run, see :mod:`mcgraph.nn.context`) into new tensors.
@@ -94,8 +95,10 @@ class BayesLayer(BayesianModule):
             ``None`` take the posterior family's defaults (``"sparse_vd"``: log-uniform prior,
             local reparameterization, ρ = log σ² = −10), else ``"normal"``, ``False``, −5 and
             ``"softplus"``.
-        kl_samples: M of this layer's Monte Carlo KL (ignored where the engine finds
-            a closed form for every term).
+        kl_samples: M of this layer's Monte Carlo KL. It matters only where a term is sampled:
+            under the default ``method="auto"`` a (posterior, prior) pair with a closed form
+            (Normal ‖ Normal, …) or only exact terms draws no noise and ignores it; under
+            ``method="monte-carlo"`` (or a forced tier) every term is sampled with M = ``kl_samples``.
         local_reparameterization: sample pre-activations instead of weights (Gaussian
             posteriors only).
         flipout: decorrelate the weight perturbation across the batch (Wen et al.,
@@ -243,15 +246,17 @@ class BayesLayer(BayesianModule):
         .. math::
             KL = \\sum_j \\big(E_q[\\log q(w)] - E_q[\\log p(w)]\\big)_j
 
-        computed by :func:`mcgraph.kl_divergence` with ``num_samples`` (default
-        ``kl_samples``) samples; its autograd graph does not grow with M. A (posterior, prior)
+        computed by :func:`mcgraph.kl_divergence`: exact where exact exists under ``method="auto"``
+        (``num_samples`` unused then), else with ``num_samples`` (default ``kl_samples``) samples;
+        its autograd graph does not grow with M. A (posterior, prior)
         pair with a registered layer KL (:func:`mcgraph.nn.register_layer_kl`: ARD, Sparse VD's
         fit) uses that rule; a pruned layer counts its remaining weights only.
 
         Args:
             num_samples: M (default: ``self.kl_samples``).
             seed: noise seed (``None``: drawn from the global generator).
-            method: the engine's method (``"auto"``, ``"collapsed-exact"``, ``"direct"``, …).
+            method: the KL's method (``"auto"``: exact where exact exists; ``"monte-carlo"``:
+                sampled; ``"collapsed-exact"``, ``"direct"``, …; :data:`mcgraph.engine.methods.KL_METHODS`).
             return_stderr: return an :class:`~mcgraph.MCEstimate` ``(value, stderr, num_samples)``:
                 the elements of q's batch (and the bias, seeded apart) have independent noise, so
                 their variances add (not with ``process_group``).

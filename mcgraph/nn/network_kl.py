@@ -24,14 +24,17 @@ def kl(model: nn.Module, num_samples: int | None = None, *, seed: int | None = N
 
     (a sum over weights; scale it by the dataset size yourself or use
     :func:`~mcgraph.nn.elbo`). Each layer's term goes through
-    :func:`mcgraph.kl_divergence`, so the graph does not grow with M.
+    :func:`mcgraph.kl_divergence`: exact where exact exists under ``method="auto"`` (torch's closed
+    form: Normal ‖ Normal, …; ``num_samples`` unused), else sampled with a graph that does not
+    grow with M.
 
     Args:
         model: a module containing Bayesian layers (or a Bayesian layer).
         num_samples: M for every layer; ``None`` uses each layer's ``kl_samples``; or a
             :class:`~mcgraph.Sampling` carrying M and the options below.
         seed: noise seed; layer ``l`` uses ``mix(seed, l)`` (``None``: drawn once).
-        method: the engine's method (``"auto"``, ``"collapsed-exact"``, ``"direct"``, …).
+        method: the KL's method (``"auto"``: exact where exact exists; ``"monte-carlo"``: sampled;
+            ``"collapsed-exact"``, ``"direct"``, …; :data:`mcgraph.engine.methods.KL_METHODS`).
         return_stderr: return an :class:`~mcgraph.MCEstimate` ``(value, stderr, num_samples)``: the
             standard error of the sum (layers are seeded apart, so their variances add; see
             :meth:`BayesLayer.kl`); ``num_samples`` is the smallest M of the layers.
