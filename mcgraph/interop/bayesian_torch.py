@@ -136,6 +136,10 @@ class BayesianTorchLSTM(BayesLSTM):
     (:func:`_linear_recurrence`).
     """
 
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, **options) -> None:
+        # bayesian-torch's LSTM: one layer, one direction, batch-first
+        super().__init__(in_features, out_features, 1, bias, True, **options)
+
     def forward(self, X, hidden_states=None, return_kl=True):
         """bayesian-torch's forward (see the class docstring)."""
         if not isinstance(X, torch.Tensor) or X.dim() != 3:
@@ -231,8 +235,8 @@ class BayesianTorchAdapter(LibraryAdapter):
                             f"mcgraph.interop.bayesian_torch.kl")
         w = module.ih.mu_weight
         bias = module.ih.mu_bias is not None
-        lstm = BayesianTorchLSTM(module.in_features, module.out_features, bias=bias, batch_first=True,
-                                 bayesian_bias=bias, kl_samples=kl_samples, device=w.device, dtype=w.dtype)
+        lstm = BayesianTorchLSTM(module.in_features, module.out_features, bias, bayesian_bias=bias,
+                                 kl_samples=kl_samples, device=w.device, dtype=w.dtype)
         lstm.ih_l0 = self._layer(module.ih, site_name(name, "ih"), "linear", kl_samples, flipout=False)
         lstm.hh_l0 = self._layer(module.hh, site_name(name, "hh"), "linear", kl_samples, flipout=False)
         return lstm
