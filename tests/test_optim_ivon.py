@@ -418,3 +418,36 @@ def test_step_samples_falls_back_to_the_loop_where_vmap_refuses_the_model():
         assert torch.equal(a, b)
     for a, b in zip(net.buffers(), ref.buffers()):  # the refused vmap attempt left the running statistics alone
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("hess_approx", ["price", "gradsq"])
+@pytest.mark.parametrize("seed", [None, 4])
+def test_batched_samples_take_the_step_of_k_sequential_blocks_on_the_same_noise(seed, hess_approx):
+    """K = 5 samples in one vmapped pass vs 5 ``sampled_params`` blocks: the same noise rows (global generator
+    reseeded identically, or the optimizer's seed), the same update to float32 rounding, several groups."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+    ref = copy.deepcopy(net)
+    x, y = _data(n=24, d=6, k=4, dtype=torch.float32)
+
+    def opt_for(model):
+        groups = [{"params": model[0].parameters()}, {"params": list(model[2].parameters()) + list(model[4].parameters()),
+                                                      "weight_decay": 1e-3}]
+        return IVON(groups, lr=0.05, ess=200, beta2=0.9, mc_samples=5, hess_approx=hess_approx, seed=seed)
+
+    batched, blocks = opt_for(net), opt_for(ref)
+    for t in range(4):
+        torch.manual_seed(50 + t)
+        loss = batched.step_samples(lambda: F.cross_entropy(net(x), y), vectorize=True, model=net)
+        torch.manual_seed(50 + t)
+        losses = []
+        for _ in range(5):
+            with blocks.sampled_params(train=True):
+                blocks.zero_grad()
+                losses.append(F.cross_entropy(ref(x), y))
+                losses[-1].backward()
+        blocks.step()
+        torch.testing.assert_close(loss, torch.stack(losses).detach().mean(), rtol=1e-5, atol=1e-6)
+    for (name, a), b in zip(net.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(batched.state[a]["hess"], blocks.state[b]["hess"], rtol=1e-4, atol=1e-6, msg=name)

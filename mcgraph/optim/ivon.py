@@ -110,6 +110,9 @@ __all__ = ["IVON", "HessApprox"]
 #: parameter dtypes whose optimizer state (mean, momentum, hessian) is kept in float32
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
+#: numbers of one chunk of stacked weight samples in :meth:`IVON.step_samples` by default (2²², 16 MiB in float32)
+CHUNK_ELEMENTS = 1 << 22
+
 
 class HessApprox(str, enum.Enum):
     """How one sample estimates the diagonal hessian ``ĥ``."""
@@ -129,6 +132,10 @@ def _radius(value) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(float(value)) or not value > 0:
         raise ValueError(f"clip_radius must be > 0 (float('inf') for no clipping), got {value!r}")
     return float(value)
+
+
+#: 0-d float64 tensors of the scalars of the foreach ops on CPU parameters (see :meth:`IVON._scalar`)
+_SCALARS: dict = {}
 
 
 class IVON(CountedOptimizer):
@@ -200,6 +207,7 @@ class IVON(CountedOptimizer):
             real_in("beta1", group["beta1"], 0.0, 1.0)
             real_in("beta2", group["beta2"], 0.0, 1.0)
             _radius(group["clip_radius"])
+        self._on_cpu = all(p.device.type == "cpu" for p, _ in flat)
         self.mc_samples = defaults["mc_samples"]
         self.hess_approx = hess_approx.value
         self.sync = bool(sync)
@@ -235,6 +243,18 @@ class IVON(CountedOptimizer):
         """Steps taken (ivon-opt's attribute; saved in :meth:`state_dict`)."""
         return int(self.counters["step"])
 
+    def _scalar(self, value: float):
+        """``value`` for the foreach ops: a 0-d float64 tensor when every parameter is on the CPU (torch takes
+        it about three times faster than a Python number there, with the same results), else the number."""
+        if not self._on_cpu:
+            return value
+        tensor = _SCALARS.get(value)
+        if tensor is None:
+            if len(_SCALARS) > 256:  # the debiasing factor changes every step: keep the cache small
+                _SCALARS.clear()
+            tensor = _SCALARS[value] = torch.tensor(value, dtype=torch.float64)
+        return tensor
+
     def _flat(self) -> list[tuple[torch.Tensor, dict]]:
         return [(p, g) for g in self.param_groups for p in g["params"]]
 
@@ -255,8 +275,9 @@ class IVON(CountedOptimizer):
         if self._scales is None or [k for k, _, _ in self._scales] != keys:
             scales = []
             for (ess, wd), group in zip(keys, self.param_groups):
-                hess_wd = torch._foreach_add([self.state[p]["hess"] for p in group["params"]], wd)
-                inv = torch._foreach_mul(hess_wd, ess)
+                hess = [self.state[p]["hess"] for p in group["params"]]
+                hess_wd = torch._foreach_add(hess, self._scalar(wd))
+                inv = torch._foreach_mul(hess_wd, self._scalar(ess))
                 torch._foreach_sqrt_(inv)
                 scales.append(((ess, wd), hess_wd, inv))
             self._scales = scales
@@ -287,30 +308,54 @@ class IVON(CountedOptimizer):
 
     def _noise(self) -> list[torch.Tensor]:
         """``σ ⊙ ε`` of the next sample for every parameter (in its state dtype)."""
+        return [rows[0] for rows in self._noise_rows(1)]
+
+    def _noise_rows(self, samples: int) -> list[torch.Tensor]:
+        """``σ ⊙ ε`` of the next ``samples`` draws, ``(samples, *p.shape)`` per parameter (its state dtype).
+
+        Row ``k`` holds the numbers ``samples`` successive :meth:`_noise` calls would draw: from torch's
+        global generator, group by group as ivon-opt draws them (``normal_`` on a row consumes the
+        generator as ``randn`` of its size does), or, with a seed, draw ``k`` of parameter ``j`` from
+        ``mix(mix(mix(seed, t), k·R + r), j)``. Advances the draw count by ``samples``.
+        """
         flat = self._flat()
         if self.seed is None:
-            eps = []
+            rows, draws = [], []  # draws: per group, the tensors whose rows one sample draws, in order
             for group in self.param_groups:
                 ps = group["params"]
-                devices = {p.device for p in ps}
-                dtypes = {_state_dtype(p) for p in ps}
-                if len(devices) == 1 and len(dtypes) == 1:  # one draw per group, as ivon-opt draws it
-                    numel = sum(p.numel() for p in ps)
-                    flat_eps = torch.randn(numel, device=devices.pop(), dtype=dtypes.pop())
-                    eps += [e.view(p.shape) for e, p in zip(flat_eps.split([p.numel() for p in ps]), ps)]
+                if len({p.device for p in ps}) == 1 and len({_state_dtype(p) for p in ps}) == 1:
+                    # one draw per group and sample, as ivon-opt draws it; each parameter's rows are a view
+                    buffer = torch.empty((samples, sum(p.numel() for p in ps)), dtype=_state_dtype(ps[0]),
+                                         device=ps[0].device)
+                    rows += [part.view(samples, *p.shape)
+                             for part, p in zip(buffer.split([p.numel() for p in ps], dim=1), ps)]
+                    draws.append([buffer])
                 else:
-                    eps += [torch.randn(p.shape, device=p.device, dtype=_state_dtype(p)) for p in ps]
+                    mine = [torch.empty((samples, *p.shape), dtype=_state_dtype(p), device=p.device) for p in ps]
+                    rows += mine
+                    draws.append(mine)
+            for k in range(samples):
+                for tensors in draws:
+                    for t in tensors:
+                        t[k].normal_()
         else:
+            rows = [torch.empty((samples, *p.shape), dtype=_state_dtype(p), device=p.device) for p, _ in flat]
             rank, world, _ = self._world()
-            sample = self._draws * world + rank
-            base = mix_seed(mix_seed(self.seed, self.counters["step"]), sample)
-            eps = []
-            for j, (p, _) in enumerate(flat):
-                gen = self._generator(p.device)
-                gen.manual_seed(mix_seed(base, j))
-                eps.append(torch.randn(p.shape, generator=gen, device=p.device, dtype=_state_dtype(p)))
-        torch._foreach_div_(eps, [inv for _, group_inv in self._group_scales() for inv in group_inv])
-        return eps
+            step_seed = mix_seed(self.seed, self.counters["step"])
+            for k in range(samples):
+                base = mix_seed(step_seed, (self._draws + k) * world + rank)
+                for j, (p, _) in enumerate(flat):
+                    gen = self._generator(p.device)
+                    gen.manual_seed(mix_seed(base, j))
+                    rows[j][k].normal_(generator=gen)
+        self._draws += samples
+        inv = [v for _, group_inv in self._group_scales() for v in group_inv]
+        if samples == 1:
+            torch._foreach_div_([r[0] for r in rows], inv)
+        else:
+            for r, v in zip(rows, inv):
+                r.div_(v)
+        return rows
 
     # ------------------------------------------------------------------ sampling
 
@@ -329,7 +374,6 @@ class IVON(CountedOptimizer):
         flat = self._flat()
         with torch.no_grad():
             noise = self._noise()
-            self._draws += 1
             saved = [p.data for p, _ in flat]
             for (p, _), theta in zip(flat, torch._foreach_add([self._mean(p) for p, _ in flat], noise)):
                 p.data = theta if theta.dtype == p.dtype else theta.to(p.dtype)
@@ -358,17 +402,17 @@ class IVON(CountedOptimizer):
             torch._foreach_mul_(noise, g)
             h = noise
         else:
-            h = torch._foreach_mul(g, g)
+            h = list(torch._foreach_mul(g, g))
         self._count += 1
         if first:
             self._avg_grad, self._avg_hess = g, h
             return
         c = self._count
         step = torch._foreach_sub(g, self._avg_grad)
-        torch._foreach_div_(step, c)
+        torch._foreach_div_(step, self._scalar(c))
         torch._foreach_add_(self._avg_grad, step)
         torch._foreach_sub_(h, self._avg_hess)
-        torch._foreach_div_(h, c)
+        torch._foreach_div_(h, self._scalar(c))
         torch._foreach_add_(self._avg_hess, h)
 
     # ------------------------------------------------------------------ step
@@ -379,7 +423,7 @@ class IVON(CountedOptimizer):
             return self._avg_grad, self._avg_hess
         from ..engine.distributed import SampleShard
 
-        tensors = self._avg_grad + self._avg_hess
+        tensors = list(self._avg_grad) + list(self._avg_hess)
         reduced = [t / world for t in SampleShard(group).sum(lambda: tensors, tensors)]
         n = len(self._avg_grad)
         return reduced[:n], reduced[n:]
@@ -425,20 +469,20 @@ class IVON(CountedOptimizer):
             b1, b2, wd, ess = group["beta1"], group["beta2"], group["weight_decay"], group["ess"]
             states = [self.state[p] for p in ps]
             momentum, hess = [st["momentum"] for st in states], [st["hess"] for st in states]
-            torch._foreach_mul_(momentum, b1)
-            torch._foreach_mul_(gbar, 1.0 - b1)
+            torch._foreach_mul_(momentum, self._scalar(b1))
+            torch._foreach_mul_(gbar, self._scalar(1.0 - b1))
             torch._foreach_add_(momentum, gbar)                                    # line 3: g
             if self.hess_approx == HessApprox.PRICE:
                 torch._foreach_mul_(fbar, hess_wd)                                 # line 2: ĝ ε/σ = ĝ·noise·(h + δ)
-            torch._foreach_mul_(fbar, ess)                                         # f = ĥ (times λ)
+            torch._foreach_mul_(fbar, self._scalar(ess))                          # f = ĥ (times λ)
             corr = gbar
             torch._foreach_copy_(corr, hess)
             torch._foreach_sub_(corr, fbar)
             torch._foreach_mul_(corr, corr)
-            torch._foreach_mul_(corr, 0.5 * (1.0 - b2) ** 2)
+            torch._foreach_mul_(corr, self._scalar(0.5 * (1.0 - b2) ** 2))
             torch._foreach_div_(corr, hess_wd)                                     # ½(1-β₂)²(h - f)²/(h + δ)
-            torch._foreach_mul_(hess, b2)
-            torch._foreach_mul_(fbar, 1.0 - b2)
+            torch._foreach_mul_(hess, self._scalar(b2))
+            torch._foreach_mul_(fbar, self._scalar(1.0 - b2))
             torch._foreach_add_(hess, fbar)
             torch._foreach_add_(hess, corr)                                        # line 4: h
             lr = group["lr"] * (group["hess_init"] + wd) if self.rescale_lr else group["lr"]
@@ -446,18 +490,18 @@ class IVON(CountedOptimizer):
             means = [self._mean(p) for p in ps]
             step = fbar
             torch._foreach_copy_(step, momentum)
-            torch._foreach_div_(step, debias)
+            torch._foreach_div_(step, self._scalar(debias))
             decay = corr
             torch._foreach_copy_(decay, means)
-            torch._foreach_mul_(decay, wd)
+            torch._foreach_mul_(decay, self._scalar(wd))
             torch._foreach_add_(step, decay)
             torch._foreach_copy_(hess_wd, hess)
-            torch._foreach_add_(hess_wd, wd)
+            torch._foreach_add_(hess_wd, self._scalar(wd))
             torch._foreach_div_(step, hess_wd)
             if math.isfinite(group["clip_radius"]):
                 torch._foreach_clamp_min_(step, -group["clip_radius"])
                 torch._foreach_clamp_max_(step, group["clip_radius"])
-            torch._foreach_mul_(step, lr)
+            torch._foreach_mul_(step, self._scalar(lr))
             torch._foreach_sub_(means, step)                                       # line 6: m
             for p, st in zip(ps, states):
                 if "mean" in st:
@@ -466,21 +510,31 @@ class IVON(CountedOptimizer):
         return loss
 
     def step_samples(self, loss_fn: Callable[[], torch.Tensor], *, vectorize: bool | None = None,
-                     model: nn.Module | None = None) -> torch.Tensor:
+                     model: nn.Module | None = None, chunk_size: int | None = None) -> torch.Tensor:
         """One step from ``mc_samples`` weight samples evaluated together; returns their mean loss.
 
         ``loss_fn()`` calls the model and returns the batch-mean loss **without** calling
-        ``backward()``. With ``vectorize`` (default: when K > 1 and the model allows it) the K samples run as
-        one batched forward and backward: the parameters are stacked along a leading sample axis and
-        ``torch.func.vmap(torch.func.grad(...))`` evaluates ``loss_fn`` at every sample (BatchNorm in
-        training mode and in-place buffer updates cannot be vmapped). Otherwise, or when vmap refuses
-        the model and ``vectorize`` is ``None``, the samples run one after the other. Both paths use the
-        same noise as K ``sampled_params(train=True)`` blocks and give the same step up to rounding.
+        ``backward()``. With ``vectorize`` (default: when K > 1 and the model allows it) the samples run
+        ``chunk_size`` at a time as one batched forward and backward each: the parameters are stacked
+        along a leading sample axis and ``torch.func.vmap(torch.func.grad(...))`` evaluates ``loss_fn``
+        at every sample of the chunk. Otherwise, or when vmap refuses the model and ``vectorize`` is
+        ``None``, the samples run one after the other. vmap refuses BatchNorm in training mode (batch
+        statistics would mix the samples; its running statistics are updated in place) and other
+        in-place updates of buffers; such models fall back to the loop. Both paths use the same noise as K
+        ``sampled_params(train=True)`` blocks and give the same step up to float rounding.
+
+        Memory: a chunk of S samples holds ``S`` stacked weight samples, their noise and their
+        gradients (about ``3·S·P`` numbers for P parameters) beside the batch's activations times S.
 
         Args:
             loss_fn: the loss of the current batch, computed through the model's forward.
             vectorize: ``True`` (vmap or raise), ``False`` (a loop), ``None`` (vmap if K > 1 and possible).
             model: the network (default: the one given to the constructor; needed for vmap).
+            chunk_size: samples per batched pass (default: all K while ``K·P`` ≤ 2²² numbers, else as many
+                as fit in that: each chunk's tensors then stay small enough for the allocator to reuse).
+
+        Raises:
+            ValueError: ``vectorize=True`` without a model, or a ``chunk_size`` that is not a positive int.
 
         Example:
             >>> import torch, torch.nn.functional as F, mcgraph as mg
@@ -492,16 +546,25 @@ class IVON(CountedOptimizer):
         model = model if model is not None else self.model
         if vectorize and model is None:
             raise ValueError("model: step_samples(vectorize=True) needs the network (IVON(model, ...) or model=)")
-        draws, count, grads, hess = self._draws, self._count, self._avg_grad, self._avg_hess
+        if chunk_size is not None:
+            chunk_size = positive_int("chunk_size", chunk_size)
+        else:
+            numel = sum(p.numel() for p, _ in self._flat())
+            chunk_size = max(1, min(self.mc_samples, CHUNK_ELEMENTS // max(1, numel)))
+        draws, count = self._draws, self._count
         if vectorize or (vectorize is None and model is not None and self.mc_samples > 1):
             try:
-                loss = self._vectorized_samples(loss_fn, model)
-                self.step()
-                return loss
-            except Exception:
-                if vectorize:
+                losses = []
+                for start in range(0, self.mc_samples, chunk_size):
+                    size = min(chunk_size, self.mc_samples - start)
+                    losses.append(self._vectorized_samples(loss_fn, model, size) * size)
+            except Exception:  # noqa: BLE001 -- vmap refuses the model (BatchNorm statistics, in-place buffers)
+                if vectorize or self._count != count:
                     raise
-                self._draws, self._count, self._avg_grad, self._avg_hess = draws, count, grads, hess
+                self._draws = draws  # nothing was recorded: the loop draws the same noise
+            else:
+                self.step()
+                return sum(losses) / self.mc_samples
         losses = []
         for _ in range(self.mc_samples):
             with self.sampled_params(train=True):
@@ -513,9 +576,14 @@ class IVON(CountedOptimizer):
         self.step()
         return torch.stack(losses).mean()
 
-    def _vectorized_samples(self, loss_fn: Callable[[], torch.Tensor], model: nn.Module) -> torch.Tensor:
-        """Record ``mc_samples`` samples from one vmapped forward/backward; returns their mean loss."""
-        from torch.func import functional_call, grad, vmap  # noqa: F401 (functional_call: same machinery)
+    def _vectorized_samples(self, loss_fn: Callable[[], torch.Tensor], model: nn.Module, samples: int) -> torch.Tensor:
+        """Record ``samples`` samples from one vmapped forward/backward; returns their mean loss.
+
+        The samples' noise is drawn into ``(S, *shape)`` rows (the numbers of S ``sampled_params``
+        blocks), the weights ``m + σ ε_k`` are stacked along a leading sample axis, and
+        ``vmap(grad(loss))`` gives the ``(S, *shape)`` gradients in one batched forward and backward.
+        """
+        from torch.func import grad, vmap
         from torch.nn.utils.stateless import _reparametrize_module
 
         flat = self._flat()
@@ -524,12 +592,11 @@ class IVON(CountedOptimizer):
         if missing:
             raise ValueError(f"model: does not hold the optimizer's parameters {missing}")
         with torch.no_grad():
-            noises = []
-            for _ in range(self.mc_samples):
-                noises.append(self._noise())
-                self._draws += 1
-            stacked = {names[id(p)]: torch.stack([(self._mean(p) + n[j]).to(p.dtype) for n in noises])
-                       for j, (p, _) in enumerate(flat)}
+            noise = self._noise_rows(samples)
+            stacked = {}
+            for (p, _), n in zip(flat, noise):
+                theta = torch.add(self._mean(p), n)  # (S, *shape): m + σ ε_k, as sampled_params forms it
+                stacked[names[id(p)]] = theta if theta.dtype == p.dtype else theta.to(p.dtype)
 
         def loss_at(params: dict) -> tuple[torch.Tensor, torch.Tensor]:
             with _reparametrize_module(model, params):
@@ -538,9 +605,37 @@ class IVON(CountedOptimizer):
 
         with torch.enable_grad():
             grads, losses = vmap(grad(loss_at, has_aux=True), randomness="different")(stacked)
-        for k, n in enumerate(noises):
-            self._record([grads[names[id(p)]][k] for p, _ in flat], n)
+        del stacked
+        self._record_rows([grads.pop(names[id(p)]) for p, _ in flat], noise)
         return losses.mean()
+
+    @torch.no_grad()
+    def _record_rows(self, grads: list[torch.Tensor], noise: list[torch.Tensor]) -> None:
+        """Fold S samples at once: ``grads`` and ``noise`` are ``(S, *shape)`` per parameter (both overwritten).
+
+        The S samples' mean joins the running mean with weight ``S / (count + S)``: the K-sample means of
+        :meth:`_record`'s Welford recursion up to float rounding.
+        """
+        flat = self._flat()
+        samples = noise[0].shape[0]
+        g = [gi.to(_state_dtype(p)) for gi, (p, _) in zip(grads, flat)]
+        g_mean = [gi.mean(0) for gi in g]
+        if self.hess_approx == HessApprox.PRICE:
+            torch._foreach_mul_(noise, g)
+            h = noise
+        else:
+            torch._foreach_mul_(g, g)
+            h = g
+        h_mean = [hi.mean(0) for hi in h]
+        self._count += samples
+        if self._avg_grad is None:
+            self._avg_grad, self._avg_hess = g_mean, h_mean
+            return
+        weight = samples / self._count
+        for avg, new in ((self._avg_grad, g_mean), (self._avg_hess, h_mean)):
+            torch._foreach_sub_(new, avg)
+            torch._foreach_mul_(new, self._scalar(weight))
+            torch._foreach_add_(avg, new)
 
     # ------------------------------------------------------------------ state
 

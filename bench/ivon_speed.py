@@ -1,0 +1,181 @@
+"""IVON's step time against Adam's on the same model, side by side in one process.
+
+Models (``--models``): ``tiny`` (a 64-64-10 MLP on 64 inputs, the digits network, batch 64),
+``peer`` (the 784-1000-1000-10 MLP of ``bench/elbo_peers.py``, batch 32) and ``lenet5``
+(:func:`mcgraph.models.get_model`, 1×28×28 inputs, batch 64); random inputs and labels.
+
+Providers, each a full training step (zero the gradients, forward, cross-entropy, backward, update):
+
+* ``adam`` — ``torch.optim.Adam`` (torch's default implementation on the device);
+* ``ivon`` — ``mg.optim.IVON(model, lr=0.1, ess=N, seed=0)``, one ``sampled_params(train=True)`` block
+  and ``step()`` (K = 1);
+* ``ivon-global`` — the same with ``seed=None`` (noise from torch's global generator, as ivon-opt);
+* ``ivon-opt`` — the reference package's ``ivon.IVON`` in the same loop, when it is installed;
+* ``forward-backward`` and ``randn`` — the floors: the step without any update, and drawing P
+  standard normals (``torch.randn``) alone, the noise every IVON step needs.
+
+The providers run interleaved (the order rotates every repeat) for ``--reps`` repeats after a
+warm-up; each time is the median. With ``--threads 1`` (the default) all of torch's work runs on
+the calling thread, and the thread-CPU time (``time.thread_time``) is robust to other processes
+sharing the machine; the wall-clock time is reported beside it. The summary prints, per model, the
+ratio of each provider to Adam (target for ``ivon``: ≤ 1.15), and rows go to ``--out`` (JSON lines).
+
+Usage::
+
+    python bench/ivon_speed.py --reps 40 --out bench/results/ivon_speed.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import mcgraph as mg
+from mcgraph.apps import atomic_io
+from mcgraph.apps.bench.records import git_commit
+
+MODELS = ("tiny", "peer", "lenet5")
+PROVIDERS = ("adam", "ivon", "ivon-global", "ivon-opt", "forward-backward", "randn")
+DATASET = 60_000
+
+
+def _mlp(sizes) -> nn.Module:
+    layers = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers.append(nn.Linear(a, b))
+        if i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def workload(name: str):
+    """``(build() -> model, x, y)`` of a model of :data:`MODELS`."""
+    g = torch.Generator().manual_seed(0)
+    if name == "tiny":
+        shape, batch, build = (64,), 64, lambda: _mlp((64, 64, 10))
+    elif name == "peer":
+        shape, batch, build = (784,), 32, lambda: _mlp((784, 1000, 1000, 10))
+    elif name == "lenet5":
+        shape, batch, build = (1, 28, 28), 64, lambda: mg.models.get_model("lenet5")
+    else:
+        raise ValueError(f"model must be one of {MODELS}, got {name!r}")
+    return build, torch.randn(batch, *shape, generator=g), torch.randint(0, 10, (batch,), generator=g)
+
+
+def stepper(provider: str, build, x, y):
+    """``step()`` of ``provider`` on a fresh copy of the model (``None``: the provider is not installed)."""
+    torch.manual_seed(0)
+    model = build()
+    numel = sum(p.numel() for p in model.parameters())
+    if provider == "randn":
+        return lambda: torch.randn(numel)
+    if provider == "forward-backward":
+        def step():
+            model.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x), y).backward()
+        return step
+    if provider == "adam":
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        return step
+    if provider == "ivon-opt":
+        if importlib.util.find_spec("ivon") is None:
+            return None
+        import ivon
+
+        opt = ivon.IVON(model.parameters(), lr=0.1, ess=DATASET)
+    elif provider in ("ivon", "ivon-global"):
+        opt = mg.optim.IVON(model, lr=0.1, ess=DATASET, seed=0 if provider == "ivon" else None)
+    else:
+        raise ValueError(f"provider must be one of {PROVIDERS}, got {provider!r}")
+
+    def step():
+        with opt.sampled_params(train=True):
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return step
+
+
+def measure(name: str, providers, reps: int, warmup: int = 3) -> dict:
+    build, x, y = workload(name)
+    steps = {p: s for p in providers if (s := stepper(p, build, x, y)) is not None}
+    order = list(steps)
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    walls: dict = {p: [] for p in order}
+    cpus: dict = {p: [] for p in order}
+    for r in range(reps):
+        for p in order[r % len(order):] + order[:r % len(order)]:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            steps[p]()
+            cpus[p].append(time.thread_time() - c0)
+            walls[p].append(time.perf_counter() - t0)
+    load = list(__import__("os").getloadavg())
+    row = {"model": name, "parameters": sum(p.numel() for p in build().parameters()), "batch": x.shape[0],
+           "reps": reps, "threads": torch.get_num_threads(), "loadavg": load, "device": "cpu",
+           "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
+           "mcgraph": mg.__version__, "commit": git_commit(), "providers": {}}
+    base_cpu, base_wall = statistics.median(cpus["adam"]), statistics.median(walls["adam"])
+    for p in order:
+        cpu, wall = statistics.median(cpus[p]), statistics.median(walls[p])
+        row["providers"][p] = {"cpu_s": cpu, "wall_s": wall, "cpu_ratio": cpu / base_cpu, "wall_ratio": wall / base_wall}
+    return row
+
+
+def summary(rows: list[dict]) -> list[str]:
+    lines = []
+    for row in rows:
+        cells = ", ".join(f"{p} {v['cpu_ratio']:.2f}x ({1e3 * v['cpu_s']:.2f} ms cpu, {v['wall_ratio']:.2f}x wall)"
+                          for p, v in row["providers"].items() if p != "adam")
+        adam = row["providers"]["adam"]
+        lines.append(f"{row['model']} ({row['parameters']:,} parameters, batch {row['batch']}): adam "
+                     f"{1e3 * adam['cpu_s']:.2f} ms cpu; relative to adam: {cells}")
+        ivon = row["providers"].get("ivon")
+        if ivon:
+            ok = "met" if ivon["cpu_ratio"] <= 1.15 else "NOT met"
+            lines.append(f"  ivon / adam = {ivon['cpu_ratio']:.2f} (target <= 1.15: {ok})")
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--providers", nargs="+", default=list(PROVIDERS), choices=PROVIDERS)
+    parser.add_argument("--reps", type=int, default=40)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
+    parser.add_argument("--out", default="bench/results/ivon_speed.jsonl")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    providers = ["adam"] + [p for p in args.providers if p != "adam"]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in args.models:
+        row = measure(name, providers, args.reps)
+        rows.append(row)
+        atomic_io.append_line(out, json.dumps(row))
+        print(summary([row])[0], flush=True)
+    print()
+    for line in summary(rows):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
