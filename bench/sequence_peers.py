@@ -310,6 +310,43 @@ def summary(rows: list[dict], samples: list[int]) -> list[str]:
     return lines
 
 
+def read_rows(path: Path) -> list[dict]:
+    """The rows of a results file, the last measurement of each (provider, M) kept."""
+    rows: dict = {}
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            rows[(row["provider"], row["M"])] = row
+    return list(rows.values())
+
+
+def markdown(rows: list[dict], samples: list[int], command: str) -> str:
+    """A Markdown report of ``rows``: one table (provider × M) and the summary lines."""
+    measured = [r for r in rows if "time_s" in r]
+    first = measured[0] if measured else {}
+    lines = ["# Bayesian LSTM classifier: mcgraph vs blitz and bayesian-torch at M samples", "",
+             f"Command: `{command}`", "",
+             f"Workload: {first.get('dataset', '?')} read by rows ({first.get('steps', '?')} steps of "
+             f"{first.get('features', '?')}), batch {BATCH}, LSTM {LAYERS} × {HIDDEN} + linear head, N = "
+             f"{first.get('N', '?')}; CPU, {first.get('threads', '?')} torch thread(s), torch "
+             f"{first.get('torch', '?')}, commit {first.get('commit', '?')}. mcgraph chunk size "
+             f"{next((r['chunk_size'] for r in measured if r.get('chunk_size')), '?')}.", ""]
+    note = fallback_note() if first.get("dataset") != "mnist" else ""
+    if note:
+        lines += [note, ""]
+    lines += ["| provider | M | peak RSS (MiB) | time / step (s) | saved for backward (MiB) | weight draws per "
+              "sequence |", "| --- | --- | --- | --- | --- | --- |"]
+    order = {p: i for i, p in enumerate(PROVIDERS)}
+    for r in sorted(rows, key=lambda r: (order.get(r["provider"], 9), r["M"])):
+        if "time_s" not in r:
+            lines.append(f"| {r['provider']} | {r['M']} | {r.get('status', '—')} | | | |")
+            continue
+        lines.append(f"| {r['provider']} | {r['M']} | {r['peak_rss_bytes'] / 2**20:.0f} | {r['time_s']:.3f} | "
+                     f"{r['saved_bytes'] / 2**20:.1f} | {r['draws_per_sequence']} |")
+    lines += ["", *[f"- {line}" for line in summary(measured, samples)], ""]
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     global DATASET, CHUNK
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -323,6 +360,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-rss-gb", type=float, default=8.0,
                         help="skip a point whose peak RSS, extrapolated from smaller M, exceeds this")
     parser.add_argument("--out", default="bench/results/sequence_peers.jsonl")
+    parser.add_argument("--markdown", default=None, metavar="PATH",
+                        help="only write a Markdown report of every row in --out to PATH (no measuring)")
     parser.add_argument("--one", nargs=2, metavar=("PROVIDER", "M"), help=argparse.SUPPRESS)
     parser.add_argument("--batch-file", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -331,6 +370,12 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     if args.one:
         print(json.dumps(measure(args.one[0], int(args.one[1]), args.reps, args.batch_file)))
+        return 0
+    if args.markdown:
+        text = markdown(read_rows(Path(args.out)), sorted(args.samples), "python bench/sequence_peers.py "
+                        + " ".join(argv if argv is not None else sys.argv[1:]))
+        atomic_io.write_text(Path(args.markdown), text)
+        print(text)
         return 0
     note = fallback_note()
     if note:

@@ -52,3 +52,6 @@ def test_batch_file_summary_and_fallback_note(tiny, tmp_path):
     assert any("M=16: mcgraph / best peer (blitz)" in line and "target ≤ 1:" in line for line in lines)
     assert sequence_peers.predicted_rss(rows, "blitz", 64) is not None
     assert sequence_peers.predicted_rss(rows, "bayesian-torch", 64) is None
+    skipped = {"provider": "blitz", "M": 64, "status": "skipped (predicted peak RSS 9.0 GiB > --max-rss-gb 6)"}
+    text = sequence_peers.markdown(rows + [skipped], [1, 16, 64], "python bench/sequence_peers.py")
+    assert "digits read by rows" in text and "| blitz | 16 |" in text and "| blitz | 64 | skipped" in text
