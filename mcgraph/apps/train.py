@@ -9,7 +9,11 @@ The network is a model of :mod:`mcgraph.models` (or ``mlp``) made Bayesian by
 :func:`mcgraph.nn.bayesify`; each step minimises ``-mg.nn.elbo`` (``--train-samples``
 whole-network samples of the data term, ``--kl-samples`` samples of the KL through
 the engine, KL / N weighted by ``--kl-schedule``). ``--deterministic`` trains the same
-network with cross-entropy, for comparison.
+network with cross-entropy, for comparison. The sequence models (``--model lstm`` or
+``transformer``, :mod:`mcgraph.models.sequence`) read the dataset as sequences ``(N, T, F)``:
+the digits as 8 rows of 8 pixels, MNIST as 28 rows of 28, MNIST-1D as 40 steps of one value::
+
+    python -m mcgraph train --model lstm --dataset digits --posterior normal --kl-samples 16 --epochs 5
 
 Output, under ``--out``: ``checkpoint.pt`` (model, optimizer, epoch, step, generator states;
 ``--resume`` continues from it), ``metrics.jsonl`` (one row per evaluation), and the final
@@ -79,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Train a Bayesian neural network (mcgraph.nn) on a dataset shipped in an "
                                             "installable package.")
     g_model = p.add_argument_group("model and data")
-    g_model.add_argument("--model", default="lenet5", help=f"mlp or one of {sorted(MODELS)}")
+    g_model.add_argument("--model", default="lenet5", help=f"mlp or one of {sorted(MODELS)} (lstm and transformer "
+                         "read the data as sequences: images row by row)")
     g_model.add_argument("--hidden", type=int, nargs="+", default=[256, 256], help="hidden widths of --model mlp")
     g_model.add_argument("--dataset", default="mnist", choices=sorted(DATASETS))
     g_model.add_argument("--image-size", type=int, default=None,
