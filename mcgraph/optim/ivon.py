@@ -460,8 +460,8 @@ class IVON(CountedOptimizer):
         i = 0
         # One foreach call per operation and group, in place: the arithmetic of the module docstring in
         # ivon-opt's order of operations (bitwise equal to it), on the samples' buffers, which are free
-        # after their last use (ĝ -> (1-β₁)ĝ -> the correction, ĥ -> f -> the step), so a step
-        # allocates nothing of the parameters' size.
+        # after their last use (ĝ -> (1-β₁)ĝ -> the correction, ĥ -> f -> the step): a step allocates
+        # nothing of the parameters' size (fresh temporaries cost more than the copies on CPU).
         for group, (hess_wd, _) in zip(self.param_groups, scales):
             ps = group["params"]
             gbar, fbar = avg_grad[i:i + len(ps)], avg_hess[i:i + len(ps)]
