@@ -3,7 +3,8 @@
 ``python -m paper_tables all [--quick] [--out DIR]`` or one target at a time
 (``table1``, ``theorems``, ``fig2_left``, ``fig2_right``, ``fig1_fig6``, ``fig7_fig8``, and the optimizer
 seeds' ``vogn_table`` and ``spike_slab``, the sparsification seeds' ``sparse_vd_kl``, ``sparse_vd_table``,
-``random_labels`` and ``bbb_cnn``, ``ivon_table``, and the sequence models' ``sequence_table``).
+``random_labels`` and ``bbb_cnn``, ``ivon_table``, the sequence models' ``sequence_table``, and the
+Bayesian fine-tuning seed's ``lora_table``).
 Each target is a module with ``run(out_dir, quick, seed) -> dict`` writing
 ``<target>.md``, ``<target>.png`` and ``<target>.json`` and refreshing ``README.md``
 of the output folder; see ``paper_tables/README.md``.
@@ -32,6 +33,7 @@ TARGETS: dict[str, str] = {
     "bbb_cnn": "paper_tables.bbb_cnn",
     "ivon_table": "paper_tables.ivon_table",
     "sequence_table": "paper_tables.sequence_table",
+    "lora_table": "paper_tables.lora_table",
 }
 
 

@@ -40,7 +40,7 @@ def _cell(cells, q_paper, p_paper):
 def test_registry_of_targets():
     assert set(TARGETS) == {"table1", "theorems", "fig2_left", "fig2_right", "fig1_fig6", "fig7_fig8", "vogn_table",
                             "spike_slab", "sparse_vd_kl", "sparse_vd_table", "random_labels", "bbb_cnn", "ivon_table",
-                            "sequence_table"}
+                            "sequence_table", "lora_table"}
     with pytest.raises(ValueError, match="target must be one of"):
         get_target("table9")
 
@@ -137,6 +137,19 @@ def test_quick_all(tmp_path):
     assert all(name in readme for name in TARGETS)
     _assert_quick_spike_slab_outcomes(json.loads((tmp_path / "spike_slab.json").read_text()))
     _assert_quick_sequence_outcomes(json.loads((tmp_path / "sequence_table.json").read_text()))
+    _assert_quick_lora_outcomes(json.loads((tmp_path / "lora_table.json").read_text()))
+
+
+def _assert_quick_lora_outcomes(record: dict) -> None:
+    """The quick LoRA table fine-tuned all four arms with both seeds: the pretrained network is at chance on the
+    rotated digits, every adapter arm learns the shifted task, and the frozen-trunk last-layer arm does too,
+    less well; the pretrained tensors were checked unchanged inside every run."""
+    runs = record["rows"]["runs"]
+    assert sorted(r["arm"] for r in runs) == sorted(("lora", "mc_dropout", "last_layer", "variational_lora") * 2)
+    for r in runs:
+        assert r["pretrained_test_accuracy"] <= 0.3, r
+        assert r["test"]["accuracy"] >= (0.3 if r["arm"] == "last_layer" else 0.55), (r["arm"], r["test"])
+        assert 0.0 <= r["ood"]["noise"] <= 1.0 and 0.0 <= r["ood"]["upright"] <= 1.0
 
 
 def _assert_quick_sequence_outcomes(record: dict) -> None:
