@@ -44,6 +44,14 @@ at μ, i.e. when the posterior noise swamps the network and training would end n
 A step whose gradients, curvature or new state are not finite is skipped with a
 ``RuntimeWarning``; parameters and state are left unchanged (:attr:`skipped_steps`).
 
+**Many samples per step.** The K samples run one after the other, one closure call each (unlike
+:meth:`mcgraph.optim.IVON.step_samples`, which batches them with ``torch.func.vmap``): ĥ is the
+per-example squared gradient that module hooks record during the backward
+(:class:`~mcgraph.optim.SquaredGradients`), and hooks that keep a layer's input and output gradient
+cannot run under vmap (the recorded tensors would leave the transform); batching the samples by
+repeating the batch, as :mod:`mcgraph.nn` does, would need the loss as (output, target) rather than a
+closure. With ``process_group`` and ``parallel="samples"`` the K samples are spread over the ranks.
+
 Example:
     >>> import torch, torch.nn.functional as F, mcgraph as mg
     >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
