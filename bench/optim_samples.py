@@ -114,12 +114,14 @@ def _timed(step) -> tuple[float, float]:
 
 
 def noise_floor(k: int, reps: int) -> float:
-    """Median thread-CPU seconds of drawing ``k`` samples of the MLP's parameters with ``torch.randn``."""
+    """Median thread-CPU seconds of drawing ``k`` samples of the MLP's parameters with ``torch.randn`` (one
+    ``randn(P)`` per sample, as the samples draw them)."""
     numel = sum(p.numel() for p in elbo_peers._mlp().parameters())
     times = []
     for _ in range(reps):
         c0 = time.thread_time()
-        torch.randn(k, numel)
+        for _ in range(k):
+            torch.randn(numel)
         times.append(time.thread_time() - c0)
     return statistics.median(times)
 

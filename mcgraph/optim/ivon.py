@@ -134,7 +134,7 @@ def _radius(value) -> float:
     return float(value)
 
 
-#: 0-d float64 tensors of the scalars of the foreach ops on CPU parameters (see :meth:`IVON._scalar`)
+#: 0-d tensors of the scalars of the foreach ops on CPU parameters, by (value, dtype) (see :meth:`IVON._scalar`)
 _SCALARS: dict = {}
 
 
@@ -243,16 +243,22 @@ class IVON(CountedOptimizer):
         """Steps taken (ivon-opt's attribute; saved in :meth:`state_dict`)."""
         return int(self.counters["step"])
 
-    def _scalar(self, value: float):
-        """``value`` for the foreach ops: a 0-d float64 tensor when every parameter is on the CPU (torch takes
-        it about three times faster than a Python number there, with the same results), else the number."""
-        if not self._on_cpu:
+    def _scalar(self, value: float, tensors: list[torch.Tensor]):
+        """``value`` for a multiplication or division of ``tensors`` by a foreach op: a 0-d tensor of their
+        dtype when every parameter is on the CPU and the tensors share a dtype (torch takes it about
+        three times faster than a Python number there, with the same results: the number is rounded to
+        that dtype either way), else the number."""
+        if not self._on_cpu or not tensors:
             return value
-        tensor = _SCALARS.get(value)
+        dtype = tensors[0].dtype
+        if dtype not in (torch.float32, torch.float64) or any(t.dtype != dtype for t in tensors):
+            return value  # (half types compute with the number in float32: a half 0-d tensor would round it)
+        key = (value, dtype)
+        tensor = _SCALARS.get(key)
         if tensor is None:
             if len(_SCALARS) > 256:  # the debiasing factor changes every step: keep the cache small
                 _SCALARS.clear()
-            tensor = _SCALARS[value] = torch.tensor(value, dtype=torch.float64)
+            tensor = _SCALARS[key] = torch.tensor(value, dtype=dtype)
         return tensor
 
     def _flat(self) -> list[tuple[torch.Tensor, dict]]:
@@ -276,8 +282,8 @@ class IVON(CountedOptimizer):
             scales = []
             for (ess, wd), group in zip(keys, self.param_groups):
                 hess = [self.state[p]["hess"] for p in group["params"]]
-                hess_wd = torch._foreach_add(hess, self._scalar(wd))
-                inv = torch._foreach_mul(hess_wd, self._scalar(ess))
+                hess_wd = torch._foreach_add(hess, wd)
+                inv = torch._foreach_mul(hess_wd, self._scalar(ess, hess_wd))
                 torch._foreach_sqrt_(inv)
                 scales.append(((ess, wd), hess_wd, inv))
             self._scales = scales
@@ -307,8 +313,31 @@ class IVON(CountedOptimizer):
         return dist.get_rank(group), dist.get_world_size(group), group
 
     def _noise(self) -> list[torch.Tensor]:
-        """``σ ⊙ ε`` of the next sample for every parameter (in its state dtype)."""
-        return [rows[0] for rows in self._noise_rows(1)]
+        """``σ ⊙ ε`` of the next sample for every parameter (in its state dtype): row 0 of
+        :meth:`_noise_rows` ``(1)``, drawn without the sample axis (the one-sample path of every step)."""
+        flat = self._flat()
+        eps = []
+        if self.seed is None:
+            for group in self.param_groups:
+                ps = group["params"]
+                if len({p.device for p in ps}) == 1 and len({_state_dtype(p) for p in ps}) == 1:
+                    flat_eps = torch.randn(sum(p.numel() for p in ps), device=ps[0].device, dtype=_state_dtype(ps[0]))
+                    eps += [e.view(p.shape) for e, p in zip(flat_eps.split([p.numel() for p in ps]), ps)]
+                else:
+                    eps += [torch.randn(p.shape, device=p.device, dtype=_state_dtype(p)) for p in ps]
+        else:
+            rank, world, _ = self._world()
+            base = mix_seed(mix_seed(self.seed, self.counters["step"]), self._draws * world + rank)
+            generators: dict = {}
+            for j, (p, _) in enumerate(flat):
+                gen = generators.get(p.device)
+                if gen is None:
+                    gen = generators[p.device] = self._generator(p.device)
+                gen.manual_seed(mix_seed(base, j))
+                eps.append(torch.randn(p.shape, generator=gen, device=p.device, dtype=_state_dtype(p)))
+        self._draws += 1
+        torch._foreach_div_(eps, [v for _, group_inv in self._group_scales() for v in group_inv])
+        return eps
 
     def _noise_rows(self, samples: int) -> list[torch.Tensor]:
         """``σ ⊙ ε`` of the next ``samples`` draws, ``(samples, *p.shape)`` per parameter (its state dtype).
@@ -349,12 +378,8 @@ class IVON(CountedOptimizer):
                     gen.manual_seed(mix_seed(base, j))
                     rows[j][k].normal_(generator=gen)
         self._draws += samples
-        inv = [v for _, group_inv in self._group_scales() for v in group_inv]
-        if samples == 1:
-            torch._foreach_div_([r[0] for r in rows], inv)
-        else:
-            for r, v in zip(rows, inv):
-                r.div_(v)
+        for r, v in zip(rows, [v for _, group_inv in self._group_scales() for v in group_inv]):
+            r.div_(v)
         return rows
 
     # ------------------------------------------------------------------ sampling
@@ -409,10 +434,10 @@ class IVON(CountedOptimizer):
             return
         c = self._count
         step = torch._foreach_sub(g, self._avg_grad)
-        torch._foreach_div_(step, self._scalar(c))
+        torch._foreach_div_(step, self._scalar(c, step))
         torch._foreach_add_(self._avg_grad, step)
         torch._foreach_sub_(h, self._avg_hess)
-        torch._foreach_div_(h, self._scalar(c))
+        torch._foreach_div_(h, self._scalar(c, h))
         torch._foreach_add_(self._avg_hess, h)
 
     # ------------------------------------------------------------------ step
@@ -469,20 +494,20 @@ class IVON(CountedOptimizer):
             b1, b2, wd, ess = group["beta1"], group["beta2"], group["weight_decay"], group["ess"]
             states = [self.state[p] for p in ps]
             momentum, hess = [st["momentum"] for st in states], [st["hess"] for st in states]
-            torch._foreach_mul_(momentum, self._scalar(b1))
-            torch._foreach_mul_(gbar, self._scalar(1.0 - b1))
+            torch._foreach_mul_(momentum, self._scalar(b1, momentum))
+            torch._foreach_mul_(gbar, self._scalar(1.0 - b1, gbar))
             torch._foreach_add_(momentum, gbar)                                    # line 3: g
             if self.hess_approx == HessApprox.PRICE:
                 torch._foreach_mul_(fbar, hess_wd)                                 # line 2: ĝ ε/σ = ĝ·noise·(h + δ)
-            torch._foreach_mul_(fbar, self._scalar(ess))                          # f = ĥ (times λ)
+            torch._foreach_mul_(fbar, self._scalar(ess, fbar))                          # f = ĥ (times λ)
             corr = gbar
             torch._foreach_copy_(corr, hess)
             torch._foreach_sub_(corr, fbar)
             torch._foreach_mul_(corr, corr)
-            torch._foreach_mul_(corr, self._scalar(0.5 * (1.0 - b2) ** 2))
+            torch._foreach_mul_(corr, self._scalar(0.5 * (1.0 - b2) ** 2, corr))
             torch._foreach_div_(corr, hess_wd)                                     # ½(1-β₂)²(h - f)²/(h + δ)
-            torch._foreach_mul_(hess, self._scalar(b2))
-            torch._foreach_mul_(fbar, self._scalar(1.0 - b2))
+            torch._foreach_mul_(hess, self._scalar(b2, hess))
+            torch._foreach_mul_(fbar, self._scalar(1.0 - b2, fbar))
             torch._foreach_add_(hess, fbar)
             torch._foreach_add_(hess, corr)                                        # line 4: h
             lr = group["lr"] * (group["hess_init"] + wd) if self.rescale_lr else group["lr"]
@@ -490,18 +515,18 @@ class IVON(CountedOptimizer):
             means = [self._mean(p) for p in ps]
             step = fbar
             torch._foreach_copy_(step, momentum)
-            torch._foreach_div_(step, self._scalar(debias))
+            torch._foreach_div_(step, self._scalar(debias, step))
             decay = corr
             torch._foreach_copy_(decay, means)
-            torch._foreach_mul_(decay, self._scalar(wd))
+            torch._foreach_mul_(decay, self._scalar(wd, decay))
             torch._foreach_add_(step, decay)
             torch._foreach_copy_(hess_wd, hess)
-            torch._foreach_add_(hess_wd, self._scalar(wd))
+            torch._foreach_add_(hess_wd, wd)
             torch._foreach_div_(step, hess_wd)
             if math.isfinite(group["clip_radius"]):
                 torch._foreach_clamp_min_(step, -group["clip_radius"])
                 torch._foreach_clamp_max_(step, group["clip_radius"])
-            torch._foreach_mul_(step, self._scalar(lr))
+            torch._foreach_mul_(step, self._scalar(lr, step))
             torch._foreach_sub_(means, step)                                       # line 6: m
             for p, st in zip(ps, states):
                 if "mean" in st:
@@ -634,7 +659,7 @@ class IVON(CountedOptimizer):
         weight = samples / self._count
         for avg, new in ((self._avg_grad, g_mean), (self._avg_hess, h_mean)):
             torch._foreach_sub_(new, avg)
-            torch._foreach_mul_(new, self._scalar(weight))
+            torch._foreach_mul_(new, self._scalar(weight, new))
             torch._foreach_add_(avg, new)
 
     # ------------------------------------------------------------------ state

@@ -1,0 +1,27 @@
+"""Smoke test of bench/ivon_speed.py: every model and provider measures, and the summary states the target."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location("ivon_speed", pathlib.Path(__file__).with_name("ivon_speed.py"))
+ivon_speed = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ivon_speed)
+
+
+@pytest.mark.parametrize("model", ["tiny", "lenet5"])
+def test_models_and_providers_measure(model):
+    row = ivon_speed.measure(model, ["adam", "ivon", "ivon-global", "ivon-opt", "forward-backward", "randn"], reps=2,
+                             warmup=1)
+    assert row["providers"]["adam"]["cpu_ratio"] == 1.0
+    assert {"ivon", "ivon-global", "forward-backward", "randn"} <= set(row["providers"])
+    assert all(v["wall_s"] > 0 for v in row["providers"].values())
+    assert any("target <= 1.15" in line for line in ivon_speed.summary([row]))
+
+
+def test_unknown_model_is_refused():
+    with pytest.raises(ValueError, match="model"):
+        ivon_speed.workload("resnet")
