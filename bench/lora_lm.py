@@ -28,7 +28,8 @@ Each (mode, provider, M) runs in a fresh subprocess: ``peak_rss_bytes`` is its p
 (model, batch, an M = 1 warm-up and the timed steps), ``base_rss_bytes`` the resident memory once the
 model and batch are built; ``time_s`` the fastest of ``--reps`` steps; ``saved_bytes`` the autograd graph of the
 training loss (``mg.graph_size``, walked outside the timer). ``--interleaved`` also times mcgraph's
-M = 1 step and peft's LoRA step alternately in one process, the fair ratio on a busy machine.
+M = 1 step and peft's LoRA step alternately in one process, the fair ratio on a busy machine, and mcgraph's
+8-sample prediction against the loop of 8 forwards the same way.
 
 Rows go to ``--out`` (JSON lines: mode, provider, M, sizes, device, torch, transformers, peft, mcgraph,
 commit); a markdown summary with the targets (mcgraph's peak RSS at the largest M ≤ 1.3× its M = 1 value,
@@ -233,6 +234,22 @@ def interleaved(reps: int, s: Sizes) -> dict:
             "device": "cpu", "threads": torch.get_num_threads(), **_versions()}
 
 
+def interleaved_predict(reps: int, s: Sizes, M: int = 8) -> dict:
+    """mcgraph's M-sample prediction and the loop of M forwards on the same model, alternated in one process."""
+    model, b = build("mcgraph", s), batch(s)
+    times: dict = {p: [] for p in ("mcgraph", "loop")}
+    for rep in range(reps + 1):
+        for p in times:
+            t0 = time.perf_counter()
+            predict(p, model, b, M if rep else 1, seed=rep)
+            if rep:
+                times[p].append(time.perf_counter() - t0)
+    best = {p: min(t) for p, t in times.items()}
+    return {"mode": "interleaved-predict", "provider": "mcgraph/loop", "M": M, "sizes": asdict(s), "times_s": times,
+            "loop_s": best["loop"], "mcgraph_s": best["mcgraph"], "ratio": best["mcgraph"] / best["loop"],
+            "device": "cpu", "threads": torch.get_num_threads(), **_versions()}
+
+
 # --------------------------------------------------------------------------- driver and summary
 
 
@@ -256,7 +273,7 @@ def summary(rows: list[dict]) -> list[str]:
     lines = ["| mode | provider | M | time / step (s) | peak RSS (MiB) | RSS over base (MiB) | saved for backward (MiB) |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
-        if r["mode"] == "interleaved":
+        if r["mode"].startswith("interleaved"):
             continue
         saved = "" if r.get("saved_bytes") is None else f"{r['saved_bytes'] / mib:.1f}"
         lines.append(f"| {r['mode']} | {r['provider']} | {r['M']} | {r['time_s']:.3f} | "
@@ -281,6 +298,9 @@ def summary(rows: list[dict]) -> list[str]:
             lines.append(f"- train, interleaved in one process: mcgraph M=1 {r['mcgraph_s']:.3f} s / peft LoRA "
                          f"{r['lora_s']:.3f} s = {r['ratio']:.2f} (target ≤ 1.3: "
                          f"{'met' if r['ratio'] <= 1.3 else 'NOT met'})")
+        if r["mode"] == "interleaved-predict":
+            lines.append(f"- predict, interleaved in one process: mcgraph M={r['M']} {r['mcgraph_s']:.3f} s / loop of "
+                         f"{r['M']} forwards {r['loop_s']:.3f} s = {r['ratio']:.2f}")
     return lines
 
 
@@ -295,6 +315,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--interleaved", action="store_true", help="also time mcgraph M=1 vs peft LoRA alternately")
     parser.add_argument("--out", default="bench/results/lora_lm.jsonl")
+    parser.add_argument("--report", action="store_true",
+                        help="print the summary of the rows already in --out (the last row of each point) and exit")
     for k, v in asdict(Sizes()).items():
         parser.add_argument(f"--{k}", type=int, default=v)
     parser.add_argument("--one", nargs=3, metavar=("MODE", "PROVIDER", "M"), help=argparse.SUPPRESS)
@@ -304,11 +326,24 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     if args.one:
         mode, provider, M = args.one[0], args.one[1], int(args.one[2])
-        row = (interleaved(max(3, args.reps), s) if mode == "interleaved"  # a ratio wants a few tries
-               else measure(mode, provider, M, args.reps, s))
+        if mode == "interleaved":  # a ratio wants a few tries
+            row = interleaved(max(3, args.reps), s)
+        elif mode == "interleaved-predict":
+            row = interleaved_predict(max(3, args.reps), s, M)
+        else:
+            row = measure(mode, provider, M, args.reps, s)
         print(json.dumps(row))
         return 0
     out = Path(args.out)
+    if args.report:
+        latest = {}
+        for line in out.read_text().splitlines():
+            r = json.loads(line)
+            latest[(r["mode"], r["provider"], r["M"])] = r
+        order = {"train": 0, "predict": 1, "interleaved": 2, "interleaved-predict": 3}
+        for line in summary(sorted(latest.values(), key=lambda r: (order[r["mode"]], r["provider"], r["M"]))):
+            print(line)
+        return 0
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = []
     plan = []
@@ -326,6 +361,7 @@ def main(argv=None) -> int:
                 plan.append((mode, provider, M))
     if args.interleaved:
         plan.append(("interleaved", "mcgraph/lora", 1))
+        plan.append(("interleaved-predict", "mcgraph/loop", 8))
     for mode, provider, M in plan:
         t0 = time.perf_counter()
         row = _run_one(args, mode, provider, M)
@@ -334,9 +370,8 @@ def main(argv=None) -> int:
         row["wall_s"] = time.perf_counter() - t0
         rows.append(row)
         atomic_io.append_line(out, json.dumps(row))
-        if mode == "interleaved":
-            print(f"interleaved M=1: mcgraph {row['mcgraph_s']:.3f} s, peft LoRA {row['lora_s']:.3f} s, "
-                  f"ratio {row['ratio']:.2f}", flush=True)
+        if mode.startswith("interleaved"):
+            print(f"{mode} M={M}: ratio {row['ratio']:.2f}", flush=True)
         else:
             print(f"{mode:7s} {provider:10s} M={M:4d}  time {row['time_s']:8.3f} s  peak RSS "
                   f"{row['peak_rss_bytes'] / 2**20:7.0f} MiB (base {row['base_rss_bytes'] / 2**20:.0f})", flush=True)

@@ -26,14 +26,15 @@ def test_every_provider_measures_and_the_summary_states_the_targets():
     rows = [lora_lm.measure("train", p, 1 if p == "lora" else 3, 1, TINY) for p in lora_lm.TRAIN]
     rows += [lora_lm.measure("train", "mcgraph", 1, 1, TINY)]
     rows += [lora_lm.measure("predict", p, m, 1, TINY) for p in lora_lm.PREDICT for m in (1, 3)]
-    rows.append(lora_lm.interleaved(1, TINY))
+    rows += [lora_lm.interleaved(1, TINY), lora_lm.interleaved_predict(1, TINY, 2)]
     for r in rows:
-        if r["mode"] != "interleaved":
+        if not r["mode"].startswith("interleaved"):
             assert r["time_s"] > 0 and r["peak_rss_bytes"] > 0 and r["base_rss_bytes"] > 0
     assert all(r["saved_bytes"] > 0 for r in rows if r["mode"] == "train")
     lines = lora_lm.summary(rows)
     assert any(line.startswith("- predict: mcgraph peak RSS M=3 / M=1") for line in lines)
-    assert any("interleaved in one process" in line for line in lines)
+    assert any("train, interleaved in one process" in line for line in lines)
+    assert any("predict, interleaved in one process" in line for line in lines)
 
 
 def test_prediction_providers_agree_in_mean_mode():
