@@ -202,7 +202,7 @@ def render_markdown(data: dict, png: str | None) -> str:
 
 #: Order of the targets in the index (the CLI's ``all`` order).
 ORDER = ("table1", "theorems", "fig2_left", "fig2_right", "fig1_fig6", "fig7_fig8", "vogn_table", "spike_slab",
-         "sparse_vd_kl", "sparse_vd_table", "random_labels", "bbb_cnn", "ivon_table", "sequence_table")
+         "sparse_vd_kl", "sparse_vd_table", "random_labels", "bbb_cnn", "ivon_table", "sequence_table", "lora_table")
 
 
 def write_index(out_dir: str | os.PathLike) -> Path:
