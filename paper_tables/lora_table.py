@@ -248,10 +248,10 @@ def fit(arm: str, s: dict, ds, seed: int):
     import mcgraph.nn as mnn
 
     base, row_accuracy = pretrained(s, seed, ds)
+    torch.manual_seed(seed + 1)  # the adapters' initialisation: the same whatever ran before in the process
     model = build(arm, s, base)
     frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    torch.manual_seed(seed + 1)
     t0 = time.perf_counter()
     if arm in ("lora", "mc_dropout"):
         _fit_plain(model, ds.x_train, ds.y_train, s["epochs"], s["batch"], s["lr"], seed)
