@@ -420,8 +420,7 @@ def test_step_samples_falls_back_to_the_loop_where_vmap_refuses_the_model():
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("hess_approx", ["price", "gradsq"])
-@pytest.mark.parametrize("seed", [None, 4])
+@pytest.mark.parametrize("seed, hess_approx", [(None, "price"), (4, "gradsq")])
 def test_batched_samples_take_the_step_of_k_sequential_blocks_on_the_same_noise(seed, hess_approx):
     """K = 5 samples in one vmapped pass vs 5 ``sampled_params`` blocks: the same noise rows (global generator
     reseeded identically, or the optimizer's seed), the same update to float32 rounding, several groups."""
