@@ -275,6 +275,17 @@ def report(out_dir, result: TargetResult) -> dict:
                    "rotated: the test images turned by 90° and read by rows (images only). Time per epoch: wall "
                    "time of the training loop only, on this machine under its load; ratios between arms of one "
                    "run are the meaningful part.")
+    env = result.env or {}
+    load = env.get("load_average_1min_at_start")
+    budget = (" MNIST-1D at this budget is far from converged (test accuracy about 50 %; longer training reaches "
+              "much more on it): the table compares the arms at an equal, small budget."
+              if "mnist1d" in s["datasets"] else "")
+    result.section("How it was run", f"`python -m paper_tables {NAME}{' --quick' if result.quick else ''} --threads "
+                   f"{env.get('torch_threads', '?')}`: wall time {result.wall_s:.1f} s for every dataset, arm and "
+                   f"seed (cached runs excepted), on {env.get('cpu_count', '?')} CPUs whose 1-minute load average "
+                   f"was {'?' if load is None else f'{load:.1f}'} at the start (other work shared the machine: the "
+                   "times per epoch are indicative and vary between runs of one arm, the accuracies and scores are "
+                   "not affected)." + budget)
     return write_target(out_dir, result, plot)
 
 
