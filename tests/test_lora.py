@@ -378,3 +378,27 @@ def test_adapters_split_samples_over_a_process_group(tmp_path):
         got = torch.load(tmp_path / f"rank{rank}.pt")
         for key in ref:
             torch.testing.assert_close(got[key], ref[key], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("padding_mask", [False, True])
+def test_adapters_inside_a_torch_transformer_encoder_are_used_in_inference(padding_mask):
+    """nn.TransformerEncoderLayer's fused inference path (eval, no grad) reads linear1/linear2's weights
+    directly; the adapted layers must still go through the adapters there: same output with and without
+    grad, and different from the base model once B moves away from 0."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True)
+    base = nn.TransformerEncoder(layer, 2, enable_nested_tensor=True).eval()
+    model = mg.nn.bayesian_lora(base, 2, targets=["layers.0.linear1", "layers.1.linear2"]).eval()
+    for m in model.modules():
+        if isinstance(m, BayesLoRA):
+            nn.init.normal_(m.lora_B.weight, std=0.5)
+    x = torch.randn(3, 5, 8)
+    mask = torch.tensor([[False] * 5, [False] * 3 + [True] * 2, [False] * 4 + [True]]) if padding_mask else None
+    with mg.nn.frozen(model):
+        with_grad = model(x, src_key_padding_mask=mask)
+        with torch.no_grad():
+            without = model(x, src_key_padding_mask=mask)
+    keep = ~mask if padding_mask else torch.ones(3, 5, dtype=torch.bool)
+    torch.testing.assert_close(without[keep], with_grad[keep].detach())
+    with torch.no_grad():
+        assert (without[keep] - base(x, src_key_padding_mask=mask)[keep]).abs().max() > 1e-3

@@ -100,6 +100,11 @@ def _factor_dtype(factor: nn.Module) -> torch.dtype:
     return (factor.weight_mu if isinstance(factor, BayesLinear) else factor.weight).dtype
 
 
+def _keeps_torch_fused_paths_off(module: nn.Module, args) -> None:
+    """A forward pre-hook that changes nothing: its presence turns torch's fused encoder path off."""
+    return None
+
+
 class BayesLoRA(nn.Module):
     """A frozen layer plus a low-rank update: ``base_layer(x) + lora_B(lora_A(lora_dropout(x))) · scaling``.
 
@@ -136,6 +141,10 @@ class BayesLoRA(nn.Module):
         self.scaling = float(scaling)
         self.in_features, self.out_features = shape
         self.rank = int((lora_A.weight_mu if isinstance(lora_A, BayesLinear) else lora_A.weight).shape[0])
+        # torch's fused inference path of nn.TransformerEncoderLayer reads linear1.weight / linear2.weight
+        # (here: the frozen base weight) instead of calling the layer; it declines any layer holding a module
+        # with a forward hook, so this no-op hook keeps the adapter in the computation.
+        self.register_forward_pre_hook(_keeps_torch_fused_paths_off)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -350,6 +359,9 @@ def bayesian_lora(model: nn.Module, rank: int, *, targets=None, alpha: float | N
     for name, parent, child_name, _ in found:
         if parent is not None:
             setattr(parent, child_name, adapters[name])
+    for module in model.modules():  # the nested-tensor encoder path would also run the fused layers
+        if isinstance(module, nn.TransformerEncoder) and any(isinstance(m, BayesLoRA) for m in module.modules()):
+            module.use_nested_tensor = False
     if keep is not None:
         for name, module in model.named_modules():
             if keep(name, module):
