@@ -40,8 +40,8 @@ def test_digits_read_by_rows_are_the_images():
 
 @pytest.mark.skipif(not HAS_MNIST1D, reason="mnist1d not installed (make data)")
 def test_mnist1d_is_40_steps_of_one_value():
-    signals = mdata.load_dataset("mnist1d")
-    rows = mdata.load_dataset("mnist1d", sequence=True)
+    signals = mdata.load_dataset("mnist1d")  # generated, not loaded: once (load_dataset's sequence=True is as_sequences)
+    rows = mdata.as_sequences(signals)
     assert rows.x_train.shape == (4000, 40, 1) and rows.x_test.shape == (1000, 40, 1)
     assert torch.equal(rows.x_train[:, :, 0], signals.x_train[:, 0])
 
