@@ -23,7 +23,7 @@ def _magnitude(x: torch.Tensor) -> float:
 
 
 def assert_same(ref, got, rtol: float, atol_factor: float, what: str, none_is_zero: bool = False,
-                witness=None, gradient_summands=None) -> None:
+                witness=None, summands=None) -> None:
     """``got = (value, grads)`` equals ``ref`` within the tolerances (NaN equals NaN).
 
     ``none_is_zero``: an absent gradient (``None``) counts as a zero one; otherwise the
@@ -31,10 +31,11 @@ def assert_same(ref, got, rtol: float, atol_factor: float, what: str, none_is_ze
     ``witness``: ``None`` or a callable giving ``(value, grads)`` of the reference recomputed another
     way on the same noise (in float64; gradients by reverse mode, by forward mode where that overflows),
     or ``None``; it judges entries that are non-finite in the reference and finite here.
-    ``gradient_summands``: ``None`` or a callable giving, per gradient, ``Σ_j |∂v_j/∂θ|`` over the
-    reference's output entries ``v_j`` (``None`` for an absent gradient). The gradients compared are
-    those of ``Σ_j v_j``; where that sum cancels large summands (``x − x.mean()`` sums to zero whatever
-    ``x``), its rounding scales with the summands, not with the result, and so does the absolute floor.
+    ``summands``: ``None`` or a callable giving ``(value, [per gradient])``, the magnitudes of what the
+    compared numbers sum: the terms a tier's linear split adds in its own order (and, for gradients, the
+    output entries ``v_j`` whose ``Σ_j`` is differentiated). Where a sum cancels large summands
+    (``x − x.mean()`` is zero whatever ``x``), its rounding scales with them, not with the result, and
+    so does the absolute floor (asked for only where a comparison misses the plain tolerance).
 
     Where the reference's value is ±inf or NaN, the expectation has no derivative: gradients are
     compared only where both sides give a finite number (``relu``'s backward masks the −inf of
@@ -44,7 +45,8 @@ def assert_same(ref, got, rtol: float, atol_factor: float, what: str, none_is_ze
     no_derivative = not bool(torch.isfinite(rv).all())
     recomputed_value = lambda: _witnessed(witness, None, rv)  # noqa: E731
     rv, gv = _non_finite_alike(rv, gv, f"{what} value", recomputed_value, rtol)
-    _close_or_as_accurate(gv, rv, rtol, atol_factor * _magnitude(rv), f"{what} value", recomputed_value)
+    _close_or_as_accurate(gv, rv, rtol, atol_factor * _magnitude(rv), f"{what} value", recomputed_value,
+                          wider_atol=lambda: atol_factor * max(1.0, summands()[0]) if summands else 0.0)
     for k, (a, b) in enumerate(zip(rg, gg)):
         if none_is_zero:
             if a is None and b is None:
@@ -59,20 +61,13 @@ def assert_same(ref, got, rtol: float, atol_factor: float, what: str, none_is_ze
                 a, b = a[both], b[both]
                 recomputed = lambda r=recomputed, both=both: None if r() is None else r()[both]  # noqa: E731
             a, b = _non_finite_alike(a, b, f"{what} grad {k}", recomputed, rtol)
-            summands = (lambda k=k: gradient_summands()[k]) if gradient_summands is not None else None
             _close_or_as_accurate(b, a, rtol, atol_factor * _magnitude(a), f"{what} grad {k}", recomputed,
-                                  wider_atol=lambda: atol_factor * _summand_magnitude(summands))
+                                  wider_atol=lambda k=k: atol_factor * max(1.0, summands()[1][k]) if summands else 0.0)
 
 
 #: How much farther from the wider recomputation than the reference a tier may be, where the
 #: reference itself is farther from it than the tolerance.
 ACCURACY_FACTOR = 4.0
-
-
-def _summand_magnitude(summands) -> float:
-    """The largest finite summand's magnitude (at least 1), or 1 without summands."""
-    out = summands() if summands is not None else None
-    return 1.0 if out is None else _magnitude(out)
 
 
 def _close_or_as_accurate(b, a, rtol: float, atol: float, what: str, recomputed, wider_atol=None) -> None:
