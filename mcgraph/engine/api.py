@@ -191,10 +191,10 @@ def _run_tiers(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size
 
     stats = {}
     collapsed = [t for t in plan.terms if t.tier == Tier.COLLAPSED]
-    if collapsed:
-        keys = set().union(*(t.stat_keys for t in collapsed))
-        if collector is not None:
-            keys |= collector.extra_keys()
+    keys = set().union(*(t.stat_keys for t in collapsed)) - {(0, 0)} if collapsed else set()
+    if collector is not None and collapsed:
+        keys |= collector.extra_keys()
+    if keys:  # a constant term (log p's normaliser) needs no noise: t̄_(0,0) = 1
         stats = statistics(form, keys, seed, num_samples, chunk("collapsed"), any(t.exact for t in collapsed),
                            shard)
         if collector is not None:
@@ -315,14 +315,21 @@ def expectation(fn: Callable, dist: Distribution, num_samples: int | Sampling, *
     num_samples, seed, method, chunk_size, return_stderr, process_group = _sampling_arguments(
         num_samples, seed, method, chunk_size, return_stderr, process_group)
     with sharded(process_group, seed, num_samples) as (shard, seed):
-        num_samples = _check_num_samples(num_samples)
-        return_stderr = _check_stderr(return_stderr, num_samples, taylor_order, shard)
-        form = family_of(dist)
-        _check_finite(dist, "dist")
-        seed = resolve_seed(seed)
-        chunk = _check_chunk(chunk_size)
-        plan = _plan(fn, form, seed, method, taylor_order)
-        return evaluate(plan, guarded(fn), seed, num_samples, chunk, return_stderr, shard)
+        return _expectation(fn, dist, num_samples, seed, method, chunk_size, taylor_order, return_stderr, shard)
+
+
+def _expectation(fn, dist, num_samples, seed, method, chunk_size, taylor_order, return_stderr, shard,
+                 argname: str | None = "dist"):
+    """:func:`expectation` inside its process group; ``argname=None``: ``dist``'s parameters were checked."""
+    num_samples = _check_num_samples(num_samples)
+    return_stderr = _check_stderr(return_stderr, num_samples, taylor_order, shard)
+    form = family_of(dist)
+    if argname is not None:
+        _check_finite(dist, argname)
+    seed = resolve_seed(seed)
+    chunk = _check_chunk(chunk_size)
+    plan = _plan(fn, form, seed, method, taylor_order)
+    return evaluate(plan, guarded(fn), seed, num_samples, chunk, return_stderr, shard)
 
 
 @contextlib.contextmanager
@@ -452,14 +459,17 @@ def _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, re
         raise ValueError(f"p: event_shape {tuple(p.event_shape)} has more dimensions than q.event_shape "
                          f"{tuple(q.event_shape)}; the KL per q batch element is undefined")
     _check_support(q, p)
-    _check_finite(p, "p")
     method = parse_method(method, KL_METHODS)
     return_stderr = _check_stderr(return_stderr, _check_num_samples(num_samples), taylor_order, shard)
     checks.seed("seed", seed)  # validated even where no noise is drawn
     if method in ("auto", "closed-form") and taylor_order is None:
-        _check_finite(q, "q")
         value = closed_form_kl(q, p)
         if value is not None:
+            # one reduction of the result instead of one per parameter; a non-finite result is
+            # traced back to a non-finite parameter (named), else it is the KL (q outside p's support)
+            if _VALIDATE and not bool(torch.isfinite(value.detach().sum())):
+                _check_finite(p, "p")
+                _check_finite(q, "q")
             return MCEstimate(value, torch.zeros_like(value.detach()), num_samples) if return_stderr else value
         if method == "closed-form":
             raise NotImplementedError(f"method='closed-form': torch has no KL rule for {type(q).__name__} ‖ "
@@ -468,6 +478,7 @@ def _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, re
                                                                f"{tuple(p.event_shape)}"))
     elif method == "closed-form":
         raise ValueError("taylor_order: an approximation of a closed form; drop taylor_order or method='closed-form'")
+    _check_finite(p, "p")
     seed = resolve_seed(seed)
     # "auto" without a closed form: the polynomial terms of E_q[log p] exact, the rest sampled
     engine_method = "auto-analytic" if method == "auto" else method
@@ -478,9 +489,10 @@ def _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, re
         if method in ("auto", "monte-carlo", "fused") and taylor_order is None and not return_stderr \
                 and shard is None:  # a registered Triton integrand, if any
             cross = backend.log_prob_expectation(q, p, num_samples, seed, sum_rightmost=extra)
+        q_checked = cross is None
         if cross is None:
-            cross = expectation(log_p, q, num_samples, seed=seed, method=engine_method, chunk_size=chunk_size,
-                                taylor_order=taylor_order, return_stderr=return_stderr, process_group=shard)
+            cross = _expectation(log_p, q, num_samples, seed, engine_method, chunk_size, taylor_order,
+                                 return_stderr, shard, argname="q")
             if return_stderr:
                 cross, cross_se, _ = cross
         try:
@@ -490,9 +502,9 @@ def _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, re
         if entropy is not None:  # −(H + E[log p]): one negation (forward and backward) instead of two
             value = (entropy + cross).neg()
         else:
-            neg_entropy = expectation(q.log_prob, q, num_samples, seed=seed, method="monte-carlo"
-                                      if method in ("collapsed", "collapsed-exact", "fused") else engine_method,
-                                      chunk_size=chunk_size, return_stderr=return_stderr, process_group=shard)
+            neg_entropy = _expectation(q.log_prob, q, num_samples, seed, "monte-carlo"
+                                       if method in ("collapsed", "collapsed-exact", "fused") else engine_method,
+                                       chunk_size, None, return_stderr, shard, argname=None if q_checked else "q")
             if return_stderr:
                 neg_entropy, neg_entropy_se, _ = neg_entropy
             value = neg_entropy - cross

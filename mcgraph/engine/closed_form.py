@@ -29,6 +29,7 @@ from typing import Callable
 
 import torch
 from torch.distributions import Distribution
+from torch.distributions.kl import _dispatch_kl  # torch's own lookup (memoised); no public query exists
 
 __all__ = ["MONTE_CARLO_RULE", "kl_rule", "closed_form_kl"]
 
@@ -37,20 +38,12 @@ __all__ = ["MONTE_CARLO_RULE", "kl_rule", "closed_form_kl"]
 MONTE_CARLO_RULE = "__mcgraph_monte_carlo__"
 
 
-def _dispatch(q_type: type, p_type: type):
-    # torch exposes no public query for a registered pair; _dispatch_kl (memoised) is what
-    # torch.distributions.kl_divergence itself uses.
-    from torch.distributions.kl import _dispatch_kl
-
-    return _dispatch_kl(q_type, p_type)
-
-
 def kl_rule(q: Distribution, p: Distribution) -> Callable | None:
     """torch's registered KL rule for ``(type(q), type(p))``, or ``None`` where there is none (or where
     q and p differ in event shape, or the rule is a registered Monte Carlo estimate)."""
     if q.event_shape != p.event_shape:
         return None
-    fn = _dispatch(type(q), type(p))
+    fn = _dispatch_kl(type(q), type(p))
     if fn is NotImplemented or getattr(fn, MONTE_CARLO_RULE, False):
         return None
     return fn

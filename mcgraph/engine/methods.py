@@ -34,6 +34,7 @@ Example:
 from __future__ import annotations
 
 import enum
+import functools
 from typing import Iterable
 
 __all__ = ["Method", "ENGINE_METHODS", "KL_METHODS", "parse_method"]
@@ -64,6 +65,11 @@ ENGINE_METHODS = tuple(m for m in Method if m is not Method.CLOSED_FORM)
 KL_METHODS = (Method.AUTO, Method.CLOSED_FORM) + tuple(m for m in ENGINE_METHODS if m is not Method.AUTO)
 
 
+@functools.lru_cache(maxsize=None)
+def _values(allowed: tuple) -> frozenset:
+    return frozenset(m.value for m in allowed)
+
+
 def parse_method(value, allowed: Iterable[Method] = ENGINE_METHODS, name: str = "method") -> str:
     """The string value of ``value`` (a :class:`Method` or a string) if it is among ``allowed``."""
     allowed = tuple(allowed)
@@ -71,6 +77,6 @@ def parse_method(value, allowed: Iterable[Method] = ENGINE_METHODS, name: str = 
         value = value.value
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a str or mcgraph.Method, got {type(value).__name__}")
-    if value not in {m.value for m in allowed}:
+    if value not in _values(allowed):
         raise ValueError(f"{name} must be one of {', '.join(repr(m.value) for m in allowed)}; got {value!r}")
     return value
