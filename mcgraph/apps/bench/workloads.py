@@ -7,7 +7,7 @@ ones from :meth:`Case.spec`) and runs forward + backward for any method:
 ``direct``                the paper's per-sample loop (Fig. 4a): one graph holding every sample
 ``vectorised``            all M samples as one tensor (``method="direct"``; what most peers do)
 ``grad-accum``            one backward per sample, gradients accumulated (Fig. 5)
-``mcgraph``               ``method="auto"``
+``mcgraph``               ``method="monte-carlo"`` (the sampled KL; ``"auto"`` would take a closed form)
 ``collapsed`` …           a tier forced: ``collapsed``, ``collapsed-exact``, ``fused``, ``chunked``
 ========================  ====================================================
 
@@ -40,8 +40,8 @@ from mcgraph.engine.registry import Registry
 
 #: Baselines, in the order tables list them.
 BASELINES = ("direct", "vectorised", "grad-accum")
-#: mcgraph's methods: ``mcgraph`` is ``method="auto"``, the others force a tier.
-ENGINE_METHODS = {"mcgraph": "auto", "collapsed": "collapsed", "collapsed-exact": "collapsed-exact",
+#: mcgraph's methods: ``mcgraph`` is ``method="monte-carlo"`` (sampled), the others force a tier.
+ENGINE_METHODS = {"mcgraph": "monte-carlo", "collapsed": "collapsed", "collapsed-exact": "collapsed-exact",
                   "fused": "fused", "chunked": "chunked"}
 ALL_METHODS = BASELINES + tuple(ENGINE_METHODS)
 #: Methods whose numbers differ from the others at the same seed (same law only).
