@@ -177,15 +177,21 @@ def test_mnist_lenet5_radial_reaches_98_percent(tmp_path):
 
 
 @pytest.mark.skipif(not HAS_SKLEARN, reason="scikit-learn not installed")
+@pytest.mark.parametrize("kl_method", ["monte-carlo", "auto"])
 @pytest.mark.parametrize("train_samples", [1, 4])
-def test_training_logs_monte_carlo_standard_errors(tmp_path, train_samples):
+def test_training_logs_monte_carlo_standard_errors(tmp_path, train_samples, kl_method):
+    """A sampled KL logs its standard error and the samples a 1 % error needs; the default KL of a Normal
+    posterior under a Normal prior is torch's closed form: exact, standard error 0, no sample count."""
     out = tmp_path / "run"
     assert mtrain.main(["--model", "mlp", "--hidden", "16", "--dataset", "digits", "--epochs", "1",
                         "--limit-train", "64", "--limit-test", "32", "--batch-size", "32", "--kl-samples", "50",
-                        "--train-samples", str(train_samples), "--eval-samples", "2", "--no-progress",
-                        "--out", str(out)]) == 0
+                        "--kl-method", kl_method, "--train-samples", str(train_samples), "--eval-samples", "2",
+                        "--no-progress", "--out", str(out)]) == 0
     row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
-    assert row["kl_stderr"] > 0 and row["kl_samples_for_1pct"] >= 2
+    if kl_method == "monte-carlo":
+        assert row["kl_stderr"] > 0 and row["kl_samples_for_1pct"] >= 2
+    else:
+        assert row["kl_stderr"] == 0.0 and "kl_samples_for_1pct" not in row
     assert ("data_term_stderr" in row) == (train_samples > 1)
     if train_samples > 1:
         assert row["data_term_stderr"] > 0

@@ -104,7 +104,9 @@ def explain(fn: Callable | Distribution, dist: Distribution, *, method: str = "a
         (<Tier.COLLAPSED: 'collapsed'>,)
         >>> mg.explain(q, torch.distributions.Normal(0.0, 1.0)).closed_form
         '_kl_normal_normal'
-        >>> mg.explain(q, torch.distributions.Laplace(0.0, 1.0)).exact
+        >>> mg.explain(q, torch.distributions.Laplace(0.0, 1.0)).closed_form
+        '_kl_normal_laplace'
+        >>> mg.explain(q, torch.distributions.StudentT(3.0)).exact   # no closed form: E_q[log p] sampled
         False
     """
     if isinstance(fn, Distribution):

@@ -285,11 +285,15 @@ def elbo_terms(model: nn.Module, x, y: torch.Tensor | None = None, *, num_sample
 
     Example:
         >>> import torch, mcgraph as mg
-        >>> net = mg.nn.bayesify(torch.nn.Linear(4, 3), kl_samples=100)
+        >>> net = mg.nn.bayesify(torch.nn.Linear(4, 3), prior="scale_mixture", kl_samples=100)
         >>> t = mg.nn.elbo_terms(net, torch.randn(8, 4), torch.randint(0, 3, (8,)), num_samples=16,
         ...                      dataset_size=1000, seed=0, return_stderr=True)
-        >>> bool(t.log_likelihood_stderr > 0), bool(t.kl_stderr > 0)
+        >>> bool(t.log_likelihood_stderr > 0), bool(t.kl_stderr > 0)   # no closed form: the KL is sampled
         (True, True)
+        >>> exact = mg.nn.bayesify(torch.nn.Linear(4, 3), kl_samples=100)   # Normal prior: torch's closed form
+        >>> float(mg.nn.elbo_terms(exact, torch.randn(8, 4), torch.randint(0, 3, (8,)), num_samples=16,
+        ...                        dataset_size=1000, seed=0, return_stderr=True).kl_stderr)
+        0.0
     """
     require_bayesian(model, "mg.nn.elbo")
     x, y = split_batch(x, y, "mg.nn.elbo")
