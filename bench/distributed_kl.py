@@ -98,6 +98,9 @@ def worker(rank: int, world: int, store: str, args: dict, outdir: str) -> None:
     atomic_io.write_json(os.path.join(outdir, f"row{world}_{rank}.json"), row)
     if group is not None:
         dist.destroy_process_group()
+        from mcgraph.apps.launch import exit_process
+
+        exit_process(0)  # gloo's threads must not meet interpreter shutdown (see mcgraph.apps.launch)
 
 
 def run(world: int, args: dict) -> list[dict]:

@@ -30,7 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     import importlib
 
     module = importlib.import_module(COMMANDS[argv[0]][0])
-    return int(module.main(argv[1:]) or 0)
+    code = int(module.main(argv[1:]) or 0)
+    from mcgraph.apps import launch
+
+    if launch.joined_gloo():  # a torchrun rank: leave before gloo's threads meet interpreter shutdown
+        launch.exit_process(code)
+    return code
 
 
 if __name__ == "__main__":

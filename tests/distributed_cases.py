@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 import mcgraph as mg
+from mcgraph.apps.launch import exit_process
 from mcgraph.engine.distributed import SampleParallelError
 
 #: Seconds a collective may wait before gloo gives up (a hang fails the test instead of blocking it).
@@ -281,3 +282,4 @@ def worker(rank: int, world: int, store: str, names: list, outdir: str) -> None:
         dist.barrier()  # no rank tears gloo down while another still talks to it (an abort otherwise)
     finally:
         dist.destroy_process_group()
+    exit_process(0)  # gloo's threads must not meet interpreter shutdown (see mcgraph.apps.launch)

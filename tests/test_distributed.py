@@ -67,6 +67,35 @@ def test_owned_ranges_cover_the_samples_once():
                 assert all(lo <= hi for lo, hi in ranges)
 
 
+def test_exit_process_flushes_and_leaves_with_the_code():
+    """`launch.exit_process`: what was printed reaches the pipe, the code is the exit status, and
+    atexit handlers are skipped (interpreter shutdown never runs, which is the point)."""
+    code = ("import atexit, sys; from mcgraph.apps.launch import exit_process; "
+            "atexit.register(lambda: print('atexit ran')); print('out', end=''); "
+            "print('err', end='', file=sys.stderr); exit_process(3)")
+    env = dict(os.environ, PYTHONPATH=str(Path(mg.__file__).parents[1]))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "out", "err")
+
+
+def test_ranks_close_destroys_only_a_group_it_owns(tmp_path):
+    """`Ranks.close` destroys the process group when `ranks_from_env` created it, and leaves a group
+    the caller created alone."""
+    import torch.distributed as dist
+
+    from mcgraph.apps.launch import Ranks
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        Ranks(world=dist.group.WORLD).close()
+        assert dist.is_initialized()
+        Ranks(world=dist.group.WORLD, owns_group=True).close()
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def test_process_group_is_validated():
     q = torch.distributions.Normal(torch.zeros(2), torch.ones(2))
     with pytest.raises((TypeError, ValueError), match="process_group"):

@@ -356,6 +356,8 @@ def _process_group_worker(rank: int, world: int, store: str, outdir: str) -> Non
 
     import torch.distributed as dist
 
+    from mcgraph.apps.launch import exit_process
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
@@ -364,6 +366,7 @@ def _process_group_worker(rank: int, world: int, store: str, outdir: str) -> Non
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    exit_process(0)  # gloo's threads must not meet interpreter shutdown (see mcgraph.apps.launch)
 
 
 @pytest.mark.slow

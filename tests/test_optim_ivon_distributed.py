@@ -19,6 +19,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
+from mcgraph.apps.launch import exit_process
 from mcgraph.optim import IVON
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available")
@@ -65,6 +66,7 @@ def worker(rank: int, world: int, store: str, outdir: str) -> None:
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    exit_process(0)  # gloo's threads must not meet interpreter shutdown (see mcgraph.apps.launch)
 
 
 def test_ranks_with_one_sample_each_equal_one_process_with_mc_samples_equal_world(tmp_path):

@@ -377,6 +377,8 @@ def test_vogn_on_cuda_matches_cpu_shapes_and_runs():
 def _distributed_worker(rank, world, path, init_file):
     import torch.distributed as dist
 
+    from mcgraph.apps.launch import exit_process
+
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         class AllReduceVOGN(VOGN):
@@ -396,6 +398,7 @@ def _distributed_worker(rank, world, path, init_file):
         dist.barrier()  # no rank tears gloo down while the other still talks to it (an abort otherwise)
     finally:
         dist.destroy_process_group()
+    exit_process(0)  # gloo's threads must not meet interpreter shutdown (see mcgraph.apps.launch)
 
 
 def test_reduce_statistics_is_the_one_place_for_data_parallelism(tmp_path):

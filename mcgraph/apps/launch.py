@@ -24,18 +24,28 @@ statistics, so R ranks with K samples each take the step of one process with R·
 --dist-timeout``, default 300) for the other ranks: when one rank is killed mid-step, the
 survivors fail with an error instead of hanging (under ``torchrun`` its agent usually stops
 them first). Rank 0 writes checkpoints atomically, so a resume starts from the last complete one.
+
+**Leaving.** :meth:`Ranks.close` destroys the process group the run joined. A process that ran
+gloo collectives then ends through :func:`exit_process`: gloo's worker threads release the last
+collective's tensors a moment after it completes, and when that happens after interpreter
+shutdown has begun the process aborts (SIGABRT, "terminate called without an active exception")
+although the run succeeded.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import sys
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 from torch import nn
 
-__all__ = ["Ranks", "ranks_from_env"]
+__all__ = ["Ranks", "exit_process", "joined_gloo", "ranks_from_env"]
+
+_joined_gloo = False  # set once this process has initialized a gloo group
 
 
 @dataclass
@@ -48,6 +58,8 @@ class Ranks:
         world: the group of all ranks (``None`` with one process): splits the KL's samples.
         samples: this rank's sample group (``None`` when S = 1).
         data: this rank's data group (``None`` when D = 1).
+        owns_group: whether :func:`ranks_from_env` initialized the process group (and
+            :meth:`close` destroys it).
     """
 
     size: int = 1
@@ -56,6 +68,16 @@ class Ranks:
     world: object = None
     samples: object = None
     data: object = None
+    owns_group: bool = False
+
+    def close(self) -> None:
+        """Destroy the process group if this run initialized it (a no-op otherwise)."""
+        if self.owns_group:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            self.owns_group = False
 
     @property
     def is_main(self) -> bool:
@@ -129,12 +151,15 @@ def ranks_from_env(device: torch.device, data_parallel: int = 1, timeout: float 
         return Ranks()
     import torch.distributed as dist
 
+    global _joined_gloo
     wait = datetime.timedelta(seconds=float(timeout))
-    if not dist.is_initialized():
+    owns = not dist.is_initialized()
+    if owns:
         backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend, timeout=wait)
+    _joined_gloo = _joined_gloo or dist.get_backend() == "gloo"
     rank = dist.get_rank()
     per = size // data_parallel
     samples = data = None
@@ -146,4 +171,24 @@ def ranks_from_env(device: torch.device, data_parallel: int = 1, timeout: float 
         group = dist.new_group(list(range(s, size, per)), timeout=wait)
         if rank % per == s and data_parallel > 1:
             data = group
-    return Ranks(size, rank, data_parallel, dist.group.WORLD, samples, data)
+    return Ranks(size, rank, data_parallel, dist.group.WORLD, samples, data, owns_group=owns)
+
+
+def joined_gloo() -> bool:
+    """Whether this process has joined a gloo process group through :func:`ranks_from_env`."""
+    return _joined_gloo
+
+
+def exit_process(code: int = 0) -> NoReturn:
+    """End this process now with ``code``, after flushing stdout and stderr.
+
+    ``os._exit`` skips interpreter shutdown, during which a gloo worker thread that still
+    releases a finished collective's tensors aborts the process (see the module docstring).
+    Call it only at the very end of a process's work: ``atexit`` handlers do not run.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):  # closed or replaced streams
+            pass
+    os._exit(int(code))

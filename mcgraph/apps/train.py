@@ -156,16 +156,24 @@ def train(args) -> dict:
     :class:`~mcgraph.apps.optim_train.OptimizerTraining` with the optimizer registered under ``NAME``
     (:data:`~mcgraph.apps.optim_train.OPTIMIZER_BUILDERS`). The loop owns the data order, progress,
     evaluation, metrics, checkpoints (atomic; ``--resume`` continues bit for bit) and the summary.
+    Under ``torchrun`` it joins the process group and leaves it when done (or failed).
     """
-    from .elbo_training import ElboTraining
-    from .optim_train import OptimizerTraining
-
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
     ranks = launch.ranks_from_env(device, getattr(args, "data_parallel", 1),
                                   getattr(args, "dist_timeout", launch.DEFAULT_TIMEOUT_S))
+    try:
+        return _train(args, device, ranks)
+    finally:
+        ranks.close()
+
+
+def _train(args, device: torch.device, ranks: launch.Ranks) -> dict:
+    from .elbo_training import ElboTraining
+    from .optim_train import OptimizerTraining
+
     ds, (x_train, y_train), (x_test, y_test), (x_eval, y_eval) = load_splits(args)
     n_train = x_train.shape[0]
     batches = math.ceil(n_train / args.batch_size)
