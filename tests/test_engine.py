@@ -475,3 +475,25 @@ def test_a_constant_distributed_over_a_sum_meets_the_sums_dtype(fn):
     b = mg.expectation(fn, q, 40, seed=3, method="direct")
     assert a.dtype == b.dtype == F64
     torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["fused", "auto"])
+def test_a_traced_polynomial_does_not_overflow_where_its_factored_form_does_not(method):
+    """log1p((0.125·w)³ + w) at w ≈ 1e13 in float32: the trace expands the argument to 0.00195·w³ + w, and
+    w³ (1.2e39) overflows float32 where (0.125·w)³ (2.3e36) does not. The fused tier evaluates the polynomial
+    by Horner's rule, so value and gradients equal direct's on the same noise."""
+    def fn(w):
+        return torch.log1p((0.125 * w) ** 3 + w)
+
+    def run(how):
+        loc = torch.full((4,), 30.0, requires_grad=True)  # w = exp(30 + 0.01·ε) ≈ 1.1e13
+        scale = torch.full((4,), 0.01, requires_grad=True)
+        out = mg.expectation(fn, torch.distributions.LogNormal(loc, scale), 7, seed=3, method=how)
+        return (out, *torch.autograd.grad(out.sum(), (loc, scale)))
+
+    direct, got = run("direct"), run(method)
+    assert all(torch.isfinite(t).all() for t in direct)
+    for a, b in zip(direct, got):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    plan = mg.explain(fn, torch.distributions.LogNormal(torch.full((4,), 30.0), torch.full((4,), 0.01)))
+    assert [str(t) for t in plan.tiers] == ["fused"]

@@ -289,6 +289,35 @@ def test_compiled_body_matches_eager_and_sizes_do_not_recompile(monkeypatch):
     assert _kl_learned_scale_mixture()[2] == "compiled"
 
 
+_VALIDATION_AFTER_COMPILE = """
+import torch, mcgraph as mg
+from torch import distributions as D
+from mcgraph.distributions import ScaleMixtureNormal
+from mcgraph.engine.estimators import fused_body
+D.Distribution.set_default_validate_args({setting})
+q = D.Normal(torch.zeros(48, requires_grad=True), torch.full((48,), 0.05))
+mg.kl_divergence(q, ScaleMixtureNormal(0.5, 1.0, 1e-3), 37, seed=1, method="fused")
+print(fused_body.last_path(), D.Distribution._validate_args)
+"""
+
+
+@pytest.mark.parametrize("setting", [True, False])
+def test_compiling_a_body_keeps_the_distribution_validation_setting(setting):
+    """dynamo's first ``torch.compile`` in a process turns torch.distributions' argument validation off
+    for the rest of it; compiling a fused body puts the user's setting back (a fresh process: the
+    switch happens once per process)."""
+    _needs_compiler()
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, MCGRAPH_FUSED_BODY="compiled")
+    done = subprocess.run([sys.executable, "-c", _VALIDATION_AFTER_COMPILE.format(setting=setting)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-2:] == ["compiled", str(setting)]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["laplace", "lognormal-exp", "where-clamp-pow"])
 def test_compiled_body_matches_direct(case, monkeypatch):

@@ -543,6 +543,11 @@ _MINUS_LOG_RELU = Case(Family(D.Normal, (), (), 0, F64, (("affine", 0.0, False),
 @example(case=_SUM_OF_CENTRED_QUARTICS)  # the gradient of a sum that cancels summands ~1e11 (seed 90210)
 @example(case=_CANCELLING_TERMS)  # auto's sum of four terms ~1e108 rounds to 1.0, direct's to 0 (seed 1414213)
 @example(case=_MINUS_LOG_RELU)  # E = +inf: direct's gradient 0, the fused tier's NaN (seed 777001)
+# log(0.5·(0.125·w)³) at w ≈ 1e13 in float32: the trace expands (0.125·w)³ to 0.00195·w³, whose w³ overflowed to
+# inf where direct's (0.125·w)³ is finite; polynomials are evaluated by Horner's rule now (seed 8675309, slow profile).
+@example(case=Case(Family(D.TransformedDistribution, (1,), (1,), 1470, F32,
+                          (("exp", 0.0, False), ("power", 0.0, False), ("power", 0.0, False))),
+                   Reduce(Apply("log_monomial", Affine(W(), 0.125, 0.0)), "flip_scale"), 5, 34563685, 1))
 @examples(150)
 def test_same_seed_same_value_and_gradients(case):
     try:

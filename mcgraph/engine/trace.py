@@ -82,11 +82,40 @@ def monomial(w: torch.Tensor, a: int, b: int, logw: torch.Tensor | None):
     return term, logw
 
 
+def horner_degrees(poly: dict) -> int | None:
+    """The degree K of ``poly`` when it is a polynomial in ``w`` alone (every ``(a, b)`` has ``b = 0``
+    and ``a ≥ 0``) of degree at least 2, else ``None``: then :func:`horner` evaluates it."""
+    if not poly or any(b or a < 0 for a, b in poly):
+        return None
+    degree = max(a for a, _ in poly)
+    return degree if degree >= 2 else None
+
+
+def horner(w: torch.Tensor, coefs: dict[int, Coef], degree: int) -> torch.Tensor:
+    """``Σ_k coefs[k]·w^k`` (``0 ≤ k ≤ degree``, missing coefficients are 0) by Horner's rule.
+
+    ``(0.125·w)³`` traces to ``0.00195·w³``: summed as powers, ``w³`` overflows float32 at
+    ``|w| > 7e12`` although the value is finite up to ``|w| = 5.6e13``. Horner's partial results
+    ``c_K·w^j`` (j ≤ K) never exceed the leading term's magnitude when ``|w| ≥ 1``, and never
+    exceed ``|c_K|`` when ``|w| < 1``, so nothing overflows that the polynomial's terms would not.
+    """
+    out = coefs[degree]
+    for k in range(degree - 1, -1, -1):
+        out = out * w
+        c = coefs.get(k)
+        if c is not None:
+            out = out + c
+    return out
+
+
 @dataclass(eq=False)
 class PolyNode(Node):
     poly: dict
 
     def __call__(self, w, subs):
+        degree = horner_degrees(self.poly)
+        if degree is not None:
+            return horner(w, {a: _sub(c, subs) for (a, _), c in self.poly.items()}, degree)
         out = None
         logw = None
         for (a, b), c in self.poly.items():

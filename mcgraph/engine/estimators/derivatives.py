@@ -38,7 +38,7 @@ from typing import Callable
 import torch
 
 from ..registry import Registry
-from ..trace import Call, Node, PolyNode, SumNode, Var, _normalise_name, monomial
+from ..trace import Call, Node, PolyNode, SumNode, Var, _normalise_name, horner, horner_degrees, monomial
 
 #: name -> rule(args, kwargs, out, tangents) -> tangent (None: zero).
 DERIVATIVES: Registry = Registry("forward derivative rule")
@@ -554,7 +554,11 @@ def _resolve(ref, tensors):
 
 def _dual_poly(terms, w, w_tangents, tensors, slot_tangents):
     """``Σ c·w^a (log w)^b`` exactly as :class:`PolyNode` evaluates it, with
-    ``d(w^a (log w)^b)/dw = w^(a-1) (log w)^(b-1) (a log w + b)``."""
+    ``d(w^a (log w)^b)/dw = w^(a-1) (log w)^(b-1) (a log w + b)``; a polynomial in ``w`` of degree
+    ≥ 2 by Horner's rule, its value, ``dp/dw`` and the coefficients' tangents alike (:func:`horner`)."""
+    degree = horner_degrees({(a, b): None for a, b, _ in terms})
+    if degree is not None:
+        return _dual_horner(terms, degree, w, w_tangents, tensors, slot_tangents)
     out = None
     logw = None
     ndir = len(w_tangents)
@@ -588,4 +592,24 @@ def _dual_poly(terms, w, w_tangents, tensors, slot_tangents):
             tangents[d] = _add(tangents[d], t)
     if out is None:
         return torch.zeros_like(w), tuple(tangents)
+    return out, tuple(tangents)
+
+
+def _dual_horner(terms, degree, w, w_tangents, tensors, slot_tangents):
+    """:func:`_dual_poly` for ``p(w) = Σ_k c_k w^k``: ``p``, ``p'`` (coefficients ``k·c_k``) and, per
+    direction, ``ẇ·p'(w) + Σ_k ċ_k w^k``, each by Horner's rule."""
+    coefs = {a: _resolve(ref, tensors) for a, _, ref in terms}
+    out = horner(w, coefs, degree)
+    slope = None
+    if any(t is not None for t in w_tangents):
+        slope = horner(w, {k - 1: k * c for k, c in coefs.items() if k}, degree - 1)
+    tangents = []
+    for d, wt in enumerate(w_tangents):
+        t = _mul(wt, slope) if wt is not None else None
+        dcoefs = {a: slot_tangents[d][ref[1]] for a, _, ref in terms
+                  if ref[0] == "slot" and slot_tangents[d].get(ref[1]) is not None}
+        if dcoefs:
+            top = max(dcoefs)
+            t = _add(t, horner(w, dcoefs, top) if top else torch.zeros_like(w) + dcoefs[0])
+        tangents.append(t)
     return out, tuple(tangents)

@@ -280,6 +280,9 @@ def _compiled(spec: BodySpec):
     compiled per torch thread count (Inductor's C++ is specialised to it) and reused after.
     """
     if spec not in _COMPILED:
+        # dynamo's first torch.compile in a process switches torch.distributions' argument validation
+        # off for good (TorchPatcher.patch); the user's setting is theirs, so it is put back.
+        validating = torch.distributions.Distribution._validate_args
         try:
             fn = make_body(spec, compiled=True)
             code = fn.__code__.replace(co_name=f"fused_chunk_body_{len(_COMPILED)}")
@@ -287,6 +290,8 @@ def _compiled(spec: BodySpec):
             _COMPILED[spec] = torch.compile(fn, fullgraph=True, dynamic=True)
         except Exception:
             _COMPILED[spec] = None
+        finally:
+            torch.distributions.Distribution.set_default_validate_args(validating)
     return _COMPILED[spec]
 
 
