@@ -435,6 +435,22 @@ def test_radial_rows_equal_triton_stream(shape, event_ndims, dtype, rtol):
     torch.testing.assert_close(ours, theirs, rtol=rtol, atol=rtol)
 
 
+@pytest.mark.parametrize("dtype, rtol", [(F64, 1e-14), (torch.float32, 1e-6)])
+@pytest.mark.parametrize("shape, event_ndims", [((4, 6, 5), 2), ((3, 64), 1), ((4, 6, 5), 1), ((7,), 0)])
+def test_radial_rows_are_normal_rows_scaled_by_radius_over_norm(shape, event_ndims, dtype, rtol):
+    """ξ = ε·r/‖ε‖ with ε the normal rows and r the tag-1 radii of the same counters, ‖ε‖ here in float64
+    by torch, whichever way the library sums the norms: while drawing (one event per draw; events of
+    whole tiles) or from the rows (events straddling tiles)."""
+    n, event = 8, math.prod(shape[len(shape) - event_ndims:]) if event_ndims else 1
+    batch = math.prod(shape) // event
+    eps = cpu_philox.rows("normal", shape, 3, 3 + n, seed=8, dtype=dtype).double().reshape(n, batch, event)
+    radius = torch.empty((n, batch), dtype=dtype)
+    assert cpu_philox._module().mcgraph_philox_radius(batch, 3, 3 + n, 8, dtype == F64, radius.data_ptr(), 1) == 0
+    expected = eps * (radius.double() / eps.norm(dim=-1)).unsqueeze(-1)
+    xi = cpu_philox.rows("radial", shape, 3, 3 + n, seed=8, dtype=dtype, event_ndims=event_ndims)
+    torch.testing.assert_close(xi.double().reshape(n, batch, event), expected, rtol=rtol, atol=rtol)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_radial_rows_chunk_and_thread_independent_and_checked(threads):
     shape = (3, 40000)  # events long enough for torch to split a reduction over them across threads
@@ -490,17 +506,20 @@ def test_radial_same_seed_same_value_on_cpu_philox(philox_backend):
                 torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=lambda m: f"{what}: {m}")
 
 
+@pytest.mark.parametrize("shape, event_ndims", [((5, 12), 1), ((5, 12), 2), ((3, 64), 1)])
 @pytest.mark.parametrize("dtype, rtol", [(F64, 1e-12), (torch.float32, 2e-5)])
-def test_radial_statistics_equal_statistics_of_own_rows(dtype, rtol):
-    # events straddling the 32-element tiles (D = 12), a partial tile (P = 60), several chunks
+def test_radial_statistics_equal_statistics_of_own_rows(dtype, rtol, shape, event_ndims):
+    # events straddling the 32-element tiles (D = 12: norms summed from the rows), one event per draw
+    # with a partial tile (P = 60) and events of two whole tiles (D = 64: norms summed while drawing),
+    # several chunks
     keys = ((1, 0), (2, 0), (4, 0))
-    fused = cpu_philox.radial_statistics((5, 12), 90, 21, keys, dtype, event_ndims=1, chunk_size=16)
+    fused = cpu_philox.radial_statistics(shape, 90, 21, keys, dtype, event_ndims=event_ndims, chunk_size=16)
     with mg.engine.noise.reuse_noise_blocks():  # the second call draws into the first one's buffer
-        pooled = [cpu_philox.radial_statistics((5, 12), 90, 21, keys, dtype, event_ndims=1, chunk_size=16)
-                  for _ in range(2)]
+        pooled = [cpu_philox.radial_statistics(shape, 90, 21, keys, dtype, event_ndims=event_ndims,
+                                               chunk_size=16) for _ in range(2)]
     for key in keys:
         assert torch.equal(pooled[0][key], fused[key]) and torch.equal(pooled[1][key], fused[key])
-    xi = cpu_philox.rows("radial", (5, 12), 0, 90, 21, dtype, event_ndims=1).double()
+    xi = cpu_philox.rows("radial", shape, 0, 90, 21, dtype, event_ndims=event_ndims).double()
     for a, _ in keys:
         torch.testing.assert_close(fused[(a, 0)], (xi ** a).mean(0).to(dtype), rtol=rtol, atol=rtol)
 

@@ -580,6 +580,81 @@ int mcgraph_event_norms(const void* x, int64_t E, int64_t D, int fp64, double* o
   return 0;
 }
 
+}  // extern "C"
+
+namespace {
+// Normal rows as rows_impl draws them, and the Euclidean norm of each event of D = P / B elements
+// (B == 1, or D a multiple of LANES, so that no tile straddles two events): each tile's squares are
+// summed in float64 pairwise over its lanes while the tile is in registers, then each event's tile
+// sums in order. No second pass over the rows, and the same norms for any thread count and any
+// range of rows.
+// sq[0] <- the sum of sq[0 .. LANES), added pairwise in a fixed order (LANES is a power of two).
+inline void fold_lanes(double* sq) {
+#pragma omp simd
+  for (int l = 0; l < 16; ++l) sq[l] += sq[l + 16];
+#pragma omp simd
+  for (int l = 0; l < 8; ++l) sq[l] += sq[l + 8];
+#pragma omp simd
+  for (int l = 0; l < 4; ++l) sq[l] += sq[l + 4];
+  sq[0] += sq[2];
+  sq[1] += sq[3];
+  sq[0] += sq[1];
+}
+static_assert(LANES == 32, "fold_lanes sums 32 lanes");
+
+template <typename Real>
+void rows_norms_impl(int64_t P, int64_t B, int64_t start, int64_t n, uint64_t seed, Real* out, double* norms,
+                     int threads) {
+  const int64_t tiles = (P + LANES - 1) / LANES;
+  const int64_t per = B == 1 ? tiles : (P / B) / LANES;  // tiles per event
+  std::vector<double> sums(static_cast<size_t>(n * tiles));
+#pragma omp parallel for schedule(dynamic, 256) num_threads(threads)
+  for (int64_t item = 0; item < n * tiles; ++item) {
+    alignas(64) Real xi[LANES];
+    alignas(64) double sq[LANES];
+    const int64_t r = item / tiles, j0 = (item % tiles) * LANES;
+    draw<Real>(NORMAL, seed, static_cast<uint64_t>((start + r) * P + j0), xi);
+    const int64_t width = std::min<int64_t>(LANES, P - j0);
+    std::memcpy(out + r * P + j0, xi, sizeof(Real) * width);
+    if (width == LANES) {
+#pragma omp simd
+      for (int l = 0; l < LANES; ++l) sq[l] = static_cast<double>(xi[l]) * static_cast<double>(xi[l]);
+    } else {
+      for (int l = 0; l < LANES; ++l) {
+        sq[l] = l < width ? static_cast<double>(xi[l]) * static_cast<double>(xi[l]) : 0.0;
+      }
+    }
+    fold_lanes(sq);
+    sums[static_cast<size_t>(item)] = sq[0];
+  }
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t e = 0; e < n * B; ++e) {
+    const double* s = sums.data() + (e / B) * tiles + (e % B) * per;
+    double acc = 0.0;
+    for (int64_t t = 0; t < per; ++t) acc += s[t];
+    norms[e] = std::sqrt(acc);
+  }
+}
+}  // namespace
+
+extern "C" {
+
+// out: (stop-start) x P normal rows (as mcgraph_philox_rows with the normal law); norms: (stop-start) x B
+// event norms, float64. Needs B == 1 or (P / B) % LANES == 0. Returns 0, or -1 for a bad argument.
+int mcgraph_philox_rows_norms(int64_t P, int64_t B, int64_t start, int64_t stop, uint64_t seed, int fp64,
+                              void* out, double* norms, int threads) {
+  if (P < 1 || B < 1 || P % B != 0 || (B != 1 && (P / B) % LANES != 0) || start < 0 || stop < start ||
+      threads < 1) {
+    return -1;
+  }
+  if (fp64) {
+    rows_norms_impl<double>(P, B, start, stop - start, seed, static_cast<double*>(out), norms, threads);
+  } else {
+    rows_norms_impl<float>(P, B, start, stop - start, seed, static_cast<float*>(out), norms, threads);
+  }
+  return 0;
+}
+
 int mcgraph_scaled_power_sums(const void* x, int64_t n, int64_t P, int64_t D, const void* factor, int K,
                               const int64_t* a, int fp64, double* acc, int threads) {
   if (n < 0 || P < 1 || D < 1 || P % D != 0 || K < 1 || threads < 1) return -1;
