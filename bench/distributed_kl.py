@@ -4,7 +4,7 @@
 
 For each R in ``--procs`` the script spawns R processes that join a gloo group (FileStore in
 a temporary directory; loopback only), build the same bayesified ResNet-18 (Radial posterior,
-Normal(0, 1) prior), and time ``mg.nn.kl(net, M, seed, process_group=group)`` forward +
+Normal(0, 1) prior), and time ``mg.nn.kl(net, M, seed, method="monte-carlo", process_group=group)`` forward +
 backward (``--repeats`` timed runs after ``--warmup`` untimed ones). Each process reports
 
 * ``time_s``: the median wall time of a call (forward + backward), and ``cpu_s`` the CPU time this
@@ -71,7 +71,7 @@ def worker(rank: int, world: int, store: str, args: dict, outdir: str) -> None:
             dist.barrier()
         reset_comm_stats()
         t0, c0 = time.perf_counter(), time.process_time()
-        kl = mg.nn.kl(net, args["num_samples"], seed=i, process_group=group)
+        kl = mg.nn.kl(net, args["num_samples"], seed=i, method="monte-carlo", process_group=group)
         kl.backward()
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
         stats = comm_stats()
