@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -56,6 +55,7 @@ import torch.nn.functional as F
 
 import mcgraph as mg
 from mcgraph.apps import atomic_io
+from mcgraph.apps.bench.measure import peak_rss_bytes
 from mcgraph.apps.bench.records import git_commit
 
 SIZES = (784, 1000, 1000, 10)
@@ -279,7 +279,7 @@ def measure(provider: str, M: int, reps: int, grad_samples: int) -> dict:
         loss.backward()
         times.append(time.perf_counter() - t0)
         del loss
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # before the gradient check's own graphs
+    peak_rss = peak_rss_bytes()  # VmHWM, before the gradient check's own graphs
     grad_err = grad_error(provider, grad_samples) if grad_samples else None
     return {
         "provider": provider, "M": M, "batch": BATCH, "sizes": list(SIZES),

@@ -43,7 +43,6 @@ import argparse
 import importlib.util
 import json
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
@@ -56,6 +55,7 @@ from torch import nn
 
 import mcgraph as mg
 from mcgraph.apps import atomic_io
+from mcgraph.apps.bench.measure import peak_rss_bytes
 from mcgraph.apps.bench.records import git_commit
 
 HIDDEN, LAYERS, BATCH = 128, 2, 64
@@ -221,19 +221,6 @@ def draws_per_sequence(provider: str, model, x) -> int:
 
 
 # --------------------------------------------------------------------------- one measurement
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident memory: ``VmHWM`` of ``/proc/self/status`` (the high-water mark of this
-    program's address space; ``ru_maxrss`` would also count the parent's RSS at the fork on Linux), else
-    ``ru_maxrss``."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
 
 
 def measure(provider: str, M: int, reps: int, batch_file: str | None = None) -> dict:

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import datetime
 import os
+import subprocess
+import sys
 import traceback
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -283,3 +286,14 @@ def worker(rank: int, world: int, store: str, names: list, outdir: str) -> None:
     finally:
         dist.destroy_process_group()
     exit_process(0)  # gloo's threads must not meet interpreter shutdown (see mcgraph.apps.launch)
+
+
+def torchrun(nproc: int, argv: list, timeout: float = 180.0) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc-per-node nproc -m mcgraph *argv`` (one thread per rank); asserts it
+    exits with 0 and returns the finished process."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(mg.__file__).parents[1]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "mcgraph", *argv]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done

@@ -169,15 +169,6 @@ def _train_args(out, epochs, extra=()):
             "--threads", "1", "--out", str(out), *extra]
 
 
-def _torchrun(nproc: int, argv: list, timeout: float = 120.0) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(mg.__file__).parents[1]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "mcgraph", *argv]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
-
-
 def test_train_cli_under_torchrun_matches_one_process_and_resumes(tmp_path):
     """`torchrun --nproc-per-node 2 python -m mcgraph train`: MC samples split over the 2 ranks, one
     checkpoint written by rank 0; resumed for a second epoch, the run ends with the parameters of the
@@ -190,10 +181,10 @@ def test_train_cli_under_torchrun_matches_one_process_and_resumes(tmp_path):
         assert main(_train_args(one, 2)) == 0
     finally:
         torch.set_num_threads(threads)  # --threads 1 must not slow the rest of the session
-    done = _torchrun(2, _train_args(two, 1))
+    done = cases.torchrun(2, _train_args(two, 1))
     assert done.stderr.count("epoch 1:") == 1  # rank 0 alone logs
     assert torch.load(two / "checkpoint.pt", weights_only=False)["step"] == 3
-    done = _torchrun(2, _train_args(two, 2, ["--resume", str(two / "checkpoint.pt")]))
+    done = cases.torchrun(2, _train_args(two, 2, ["--resume", str(two / "checkpoint.pt")]))
     assert done.stderr.count("resumed from") == 1
     a = torch.load(one / "checkpoint.pt", weights_only=False)
     b = torch.load(two / "checkpoint.pt", weights_only=False)
@@ -213,9 +204,9 @@ def test_a_torchrun_run_stopped_after_an_epoch_resumes_bitwise(tmp_path, extra):
     the parameters of the uninterrupted 2-epoch run on the same ranks (the KL and data noise, the data
     order and Adam's state all come back from the checkpoint)."""
     whole, parts = tmp_path / "whole", tmp_path / "parts"
-    _torchrun(2, _train_args(whole, 2, list(extra)))
-    _torchrun(2, _train_args(parts, 1, list(extra)))
-    _torchrun(2, _train_args(parts, 2, ["--resume", str(parts / "checkpoint.pt"), *extra]))
+    cases.torchrun(2, _train_args(whole, 2, list(extra)))
+    cases.torchrun(2, _train_args(parts, 1, list(extra)))
+    cases.torchrun(2, _train_args(parts, 2, ["--resume", str(parts / "checkpoint.pt"), *extra]))
     a = torch.load(whole / "checkpoint.pt", weights_only=True)
     b = torch.load(parts / "checkpoint.pt", weights_only=True)
     assert a["step"] == b["step"] == 6
@@ -228,8 +219,8 @@ def test_train_cli_data_parallel_under_torchrun(tmp_path):
     """--data-parallel 2 on 2 ranks (each its half of every batch, DDP) and 1 x 2 on 4 ranks run,
     write one checkpoint and resume."""
     out = tmp_path / "dp"
-    _torchrun(2, _train_args(out, 1, ["--data-parallel", "2"]))
-    _torchrun(4, _train_args(out, 2, ["--resume", str(out / "checkpoint.pt"), "--data-parallel", "2"]),
+    cases.torchrun(2, _train_args(out, 1, ["--data-parallel", "2"]))
+    cases.torchrun(4, _train_args(out, 2, ["--resume", str(out / "checkpoint.pt"), "--data-parallel", "2"]),
               timeout=300)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 6 and [r["epoch"] for r in summary["history"]] == [1, 2]

@@ -6,16 +6,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
-import mcgraph as mg
+from distributed_cases import torchrun
 from mcgraph.apps.optim_train import build_optimizer
 
 pytestmark = [pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available"),
@@ -26,15 +22,6 @@ def _train_args(out, optimizer: str, samples: int) -> list:
     return ["train", "--model", "mlp", "--hidden", "16", "--dataset", "digits", "--epochs", "1", "--batch-size", "64",
             "--limit-train", "192", "--limit-test", "64", "--eval-samples", "4", "--eval-every", "0", "--no-progress",
             "--threads", "1", "--optimizer", optimizer, "--mc-samples", str(samples), "--out", str(out)]
-
-
-def _torchrun(nproc: int, argv: list, timeout: float = 180.0) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(mg.__file__).parents[1]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "mcgraph", *argv]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
 
 
 @pytest.mark.parametrize("optimizer", ["ivon", pytest.param("vogn", marks=pytest.mark.slow)])
@@ -48,7 +35,7 @@ def test_two_ranks_with_one_sample_each_end_where_one_process_with_two_samples_e
         assert main(_train_args(single, optimizer, 1)) == 0
     finally:
         torch.set_num_threads(threads)
-    done = _torchrun(2, _train_args(two, optimizer, 1))
+    done = torchrun(2, _train_args(two, optimizer, 1))
     assert done.stderr.count("epoch 1:") == 1  # rank 0 alone logs
     a, b, c = (torch.load(d / "checkpoint.pt", weights_only=True) for d in (one, two, single))
     assert a["step"] == b["step"] == 3

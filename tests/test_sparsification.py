@@ -245,8 +245,6 @@ def test_sparse_vd_on_digits_accuracy_and_compression():
     in under a minute of this process's CPU time (≈ 14 s on an idle core; CPU time, not wall time, so that a
     loaded machine does not fail it; one torch thread, since threads that wait for a busy core's share still
     spend CPU time: 113 s on two threads of a machine running two other jobs)."""
-    from mcgraph.apps.data import load_dataset
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
