@@ -73,8 +73,11 @@ LANES = 32
 #: Elements of ε one chunk of :func:`radial_statistics` holds (16 MiB in float32), but never fewer
 #: than :data:`RADIAL_MIN_CHUNK` samples: small enough that the buffer is reused from the allocator's
 #: heap and read back while still cached, large enough that the float64 sums (2 × 8 bytes per element
-#: and key, read and written once a chunk) cost little per sample. P = 10⁶: 4 samples a chunk, 1.27×
-#: the normal statistics where 2²⁶ elements gave 1.76×; P = 2.4·10⁶: 1.36× at 4 samples, 1.44× at 1.
+#: and key, read and written once a chunk) cost little per sample. The whole Radial KL at P = 10⁶,
+#: M = 100 against the Normal one: 1.24× on one thread, 1.31–1.34× on two (2²⁶ elements: 1.97× on
+#: one). 2²³ gives 1.26× and 1.29×, but two processes sharing the cache then split the ResNet-18 KL
+#: 1.70× instead of 1.76–1.82×. At P = 2.4·10⁶ the statistics take 1.36× the normal ones at 4
+#: samples a chunk, 1.44× at 1.
 RADIAL_CHUNK_ELEMENTS = 2**22
 RADIAL_MIN_CHUNK = 4
 
