@@ -56,6 +56,7 @@ import torch.nn.functional as F
 import mcgraph as mg
 from mcgraph.apps import atomic_io
 from mcgraph.apps.bench.measure import peak_rss_bytes
+from mcgraph.apps.training_run import mlp
 from mcgraph.apps.bench.records import git_commit
 
 SIZES = (784, 1000, 1000, 10)
@@ -72,12 +73,7 @@ def _data():
 
 
 def _mlp():
-    layers = []
-    for i, (a, b) in enumerate(zip(SIZES[:-1], SIZES[1:])):
-        layers.append(torch.nn.Linear(a, b))
-        if i < len(SIZES) - 2:
-            layers.append(torch.nn.ReLU())
-    return torch.nn.Sequential(*layers)
+    return mlp(SIZES[-1], SIZES[0], SIZES[1:-1], flatten=False)
 
 
 def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:

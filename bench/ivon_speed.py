@@ -37,33 +37,24 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 import mcgraph as mg
 from mcgraph.apps import atomic_io
 from mcgraph.apps.bench.records import git_commit
+from mcgraph.apps.training_run import mlp
 
 MODELS = ("tiny", "peer", "lenet5")
 PROVIDERS = ("adam", "ivon", "ivon-global", "ivon-opt", "forward-backward", "randn")
 DATASET = 60_000
 
 
-def _mlp(sizes) -> nn.Module:
-    layers = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-        layers.append(nn.Linear(a, b))
-        if i < len(sizes) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
-
-
 def workload(name: str):
     """``(build() -> model, x, y)`` of a model of :data:`MODELS`."""
     g = torch.Generator().manual_seed(0)
     if name == "tiny":
-        shape, batch, build = (64,), 64, lambda: _mlp((64, 64, 10))
+        shape, batch, build = (64,), 64, lambda: mlp(10, 64, (64,), flatten=False)
     elif name == "peer":
-        shape, batch, build = (784,), 32, lambda: _mlp((784, 1000, 1000, 10))
+        shape, batch, build = (784,), 32, lambda: mlp(10, 784, (1000, 1000), flatten=False)
     elif name == "lenet5":
         shape, batch, build = (1, 28, 28), 64, lambda: mg.models.get_model("lenet5")
     else:

@@ -59,6 +59,8 @@ def _data():
 def _peer_model():
     from bayesian_torch.models.dnn_to_bnn import dnn_to_bnn
 
+    # Built here, not by mcgraph.apps.training_run.mlp: the fresh bayesian-torch process times its
+    # imports and its build without importing mcgraph.
     torch.manual_seed(0)
     layers = []
     for i, (a, b) in enumerate(zip(SIZES[:-1], SIZES[1:])):

@@ -45,6 +45,7 @@ import torch.distributions as D
 import torch.nn.functional as F
 
 import mcgraph as mg
+from mcgraph.apps.training_run import mlp
 
 M = 1000
 PS = (5, 100, 10_000)
@@ -132,12 +133,7 @@ BATCH, DATASET = 32, 1000
 
 def _mlp():
     torch.manual_seed(0)
-    layers = []
-    for i, (a, b) in enumerate(zip(SIZES[:-1], SIZES[1:])):
-        layers.append(torch.nn.Linear(a, b))
-        if i < len(SIZES) - 2:
-            layers.append(torch.nn.ReLU())
-    return torch.nn.Sequential(*layers)
+    return mlp(SIZES[-1], SIZES[0], SIZES[1:-1], flatten=False)
 
 
 def elbo_rows(reps: int) -> list[dict]:

@@ -34,15 +34,23 @@ __all__ = ["StepResult", "mlp", "build_model", "predict_probs", "evaluate", "is_
            "TrainingDiverged", "check_finite", "check_finite_grads", "fault_nonfinite"]
 
 
-def mlp(num_classes: int, in_features: int, hidden: tuple[int, ...] = (256, 256)) -> nn.Sequential:
-    """``Flatten → [Linear → ReLU]* → Linear``: the ``--model mlp`` network.
+def mlp(num_classes: int, in_features: int, hidden: tuple[int, ...] = (256, 256), *,
+        flatten: bool = True) -> nn.Sequential:
+    """``Flatten → [Linear → ReLU]* → Linear``: the ``--model mlp`` network (``flatten=False``: without the
+    ``Flatten``, for inputs of shape ``(batch, in_features)``, as the benchmarks build their MLPs).
 
     Example:
         >>> import torch
         >>> mlp(10, 64, (32,))(torch.zeros(2, 1, 8, 8)).shape
         torch.Size([2, 10])
+        >>> mlp(10, 64, (32,), flatten=False)
+        Sequential(
+          (0): Linear(in_features=64, out_features=32, bias=True)
+          (1): ReLU()
+          (2): Linear(in_features=32, out_features=10, bias=True)
+        )
     """
-    layers: list[nn.Module] = [nn.Flatten()]
+    layers: list[nn.Module] = [nn.Flatten()] if flatten else []
     width = in_features
     for h in hidden:
         layers += [nn.Linear(width, h), nn.ReLU()]
