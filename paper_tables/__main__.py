@@ -21,6 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="paper_tables/out", help="output folder (default paper_tables/out)")
     p.add_argument("--seed", type=int, default=0, help="base seed of every target (recorded in its output)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--budget-minutes", type=float, default=None, help="stop the long, resumable runs "
+                   "(sparse_vd_table, vogn_table at the seeds' schedules) after the epoch that passes this many "
+                   "minutes; the tables then report the epochs reached, and running again continues them")
     p.add_argument("--keep-going", action="store_true", help="run the remaining targets when one fails")
     p.add_argument("--render-only", action="store_true", help="rebuild <target>.md/.png from an existing "
                    "<target>.json without measuring (fig2_right, fig1_fig6, fig7_fig8)")
@@ -33,6 +36,12 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    if args.budget_minutes is not None:
+        if not args.budget_minutes >= 0:
+            raise SystemExit(f"--budget-minutes must be >= 0, got {args.budget_minutes}")
+        from .common import set_deadline
+
+        set_deadline(60 * args.budget_minutes)
     names = list(TARGETS) if "all" in args.targets else list(dict.fromkeys(args.targets))
     failed = []
     start = time.perf_counter()

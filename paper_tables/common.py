@@ -296,6 +296,22 @@ def cached_row(cache, key: str) -> dict | None:
     return None
 
 
+_DEADLINE: float | None = None
+
+
+def set_deadline(seconds: float | None) -> None:
+    """Stop long runs (:func:`paper_tables.curves.train_epochs`) after the epoch that passes ``seconds``
+    from now; ``None`` removes the deadline. The stopped runs report the epochs they reached and resume
+    when run again."""
+    global _DEADLINE
+    _DEADLINE = None if seconds is None else time.monotonic() + float(seconds)
+
+
+def out_of_time() -> bool:
+    """Whether the deadline of :func:`set_deadline` has passed."""
+    return _DEADLINE is not None and time.monotonic() >= _DEADLINE
+
+
 def log(msg: str) -> None:
     """One progress line on stderr (targets that run for minutes say what they are doing)."""
     import sys

@@ -21,7 +21,7 @@ from mcgraph.models import get_model
 
 from .vogn_table import score
 
-__all__ = ["dataset_name", "load", "network", "fit", "predict_probs", "score", "error_and_sparsity"]
+__all__ = ["dataset_name", "load", "network", "epoch_runner", "fit", "predict_probs", "score", "error_and_sparsity"]
 
 
 def dataset_name(quick: bool) -> str:
@@ -47,17 +47,27 @@ def network(model: str, ds, seed: int, **kwargs) -> nn.Module:
     return get_model(model, num_classes=ds.num_classes, in_channels=ds.input_shape[0], **kwargs)
 
 
-def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, bayesian: bool, epochs: int, batch: int, lr: float,
-        seed: int, warmup_epochs: int = 0) -> float:
-    """Train in place with Adam; returns seconds per epoch. Bayesian: ``-elbo`` (M = 1), KL weight
-    ``min(1, (epoch + 1) / warmup_epochs)``."""
+def epoch_runner(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, bayesian: bool, epochs: int, batch: int,
+                 lr: float, seed: int, warmup_epochs: int = 0, lr_schedule: str = "constant"):
+    """``(run_epoch, optimizer, generator)`` for training ``model`` in place with Adam, one epoch per call.
+
+    Bayesian: ``-elbo`` (M = 1, local reparameterization where the layers have it) with the KL weight
+    ``min(1, (epoch + 1) / warmup_epochs)``; otherwise the cross-entropy. ``lr_schedule``:
+    ``"constant"`` or ``"linear"`` (from ``lr`` at epoch 0 down to ``lr / epochs`` at the last, i.e.
+    linearly to zero over the schedule). The generator orders the data; save it with the model and the
+    optimizer to resume (:func:`paper_tables.curves.train_epochs`).
+    """
+    if lr_schedule not in ("constant", "linear"):
+        raise ValueError(f"lr_schedule must be 'constant' or 'linear', got {lr_schedule!r}")
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(seed)
     n = x.shape[0]
-    start = time.perf_counter()
-    for epoch in range(epochs):
+
+    def run_epoch(epoch: int) -> None:
         model.train()
         beta = 1.0 if warmup_epochs <= 0 else min(1.0, (epoch + 1) / warmup_epochs)
+        for group in opt.param_groups:
+            group["lr"] = lr if lr_schedule == "constant" else lr * (1 - epoch / epochs)
         perm = torch.randperm(n, generator=gen)
         for i, b in enumerate(range(0, n, batch)):
             idx = perm[b:b + batch]
@@ -69,6 +79,18 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, bayesian: bool, e
                 loss = F.cross_entropy(model(x[idx]), y[idx])
             loss.backward()
             opt.step()
+
+    return run_epoch, opt, gen
+
+
+def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, bayesian: bool, epochs: int, batch: int, lr: float,
+        seed: int, warmup_epochs: int = 0) -> float:
+    """Train in place with Adam at a constant ``lr`` (see :func:`epoch_runner`); returns seconds per epoch."""
+    run_epoch, _, _ = epoch_runner(model, x, y, bayesian=bayesian, epochs=epochs, batch=batch, lr=lr, seed=seed,
+                                   warmup_epochs=warmup_epochs)
+    start = time.perf_counter()
+    for epoch in range(epochs):
+        run_epoch(epoch)
     return (time.perf_counter() - start) / max(1, epochs)
 
 
@@ -88,15 +110,17 @@ def predict_probs(model: nn.Module, x: torch.Tensor, samples: int | None, seed: 
 
 @torch.no_grad()
 def error_and_sparsity(model: nn.Module, x: torch.Tensor, y: torch.Tensor, threshold: float = 3.0,
-                       samples: int = 16) -> dict:
-    """Prune by log α; the test error of the deterministic network on the masked means (the seed's
-    protocol) and of the pruned network's ``samples``-sample predictive."""
+                       samples: int | None = 16) -> dict:
+    """Prune by log α (in place); the test error of the deterministic network on the masked means (the
+    seed's protocol) and, unless ``samples`` is ``None``, of the pruned network's ``samples``-sample
+    predictive."""
     report = mnn.prune(model, threshold=threshold)
     with mnn.frozen(model):
         probs = predict_probs(model, x, None, 0)
-    sampled = predict_probs(model, x, samples, 0)
-    return {"error": float((probs.argmax(-1) != y).double().mean()),
-            "sampled_error": float((sampled.argmax(-1) != y).double().mean()), "predict_samples": samples,
-            "per_layer_sparsity": [layer.sparsity for layer in report.layers],
-            "layers": [layer.name for layer in report.layers], "weights": report.total, "nonzero": report.kept,
-            "compression": report.compression if report.kept else None}
+    out = {"error": float((probs.argmax(-1) != y).double().mean())}
+    if samples is not None:
+        sampled = predict_probs(model, x, samples, 0)
+        out.update({"sampled_error": float((sampled.argmax(-1) != y).double().mean()), "predict_samples": samples})
+    return out | {"per_layer_sparsity": [layer.sparsity for layer in report.layers],
+                  "layers": [layer.name for layer in report.layers], "weights": report.total,
+                  "nonzero": report.kept, "compression": report.compression if report.kept else None}

@@ -1,0 +1,165 @@
+"""paper_tables.curves: long runs resume from their epoch checkpoint after SIGKILL or a deadline, and end
+exactly where an uninterrupted run ends (same weights, same optimizer state, same curve)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from paper_tables import common, sparse_vd_table, vogn_table
+from paper_tables.curves import train_epochs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _settings(epochs: int = 6, pretrain: int = 2) -> dict:
+    s = sparse_vd_table._settings(True)
+    s.update({"epochs": {"lenet300_100": epochs}, "pretrain": {"lenet300_100": pretrain},
+              "warmup": {"lenet300_100": 2}, "eval_every": {"lenet300_100": 1}})
+    return s
+
+
+def _weights(runs_dir: Path) -> dict:
+    ckpt = torch.load(runs_dir / "lenet300_100-sparse_vd-seed0.ckpt", weights_only=False)
+    return ckpt["states"]
+
+
+def _strip_times(curve):
+    return [{k: v for k, v in point.items() if k != "train_seconds"} for point in curve]
+
+
+@pytest.fixture(autouse=True)
+def _no_deadline():
+    common.set_deadline(None)
+    yield
+    common.set_deadline(None)
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread, as the killed subprocess: bit-identical weights need the same reduction order."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_sparse_vd_run_killed_with_sigkill_resumes_to_the_uninterrupted_result(tmp_path, one_thread):
+    whole = sparse_vd_table.run_one("lenet300_100", "sparse_vd", _settings(), 0, tmp_path / "whole")
+    assert whole["complete"] and whole["epochs_done"] == 6 and len(whole["curve"]) == 6
+
+    runs = tmp_path / "killed"
+    script = textwrap.dedent(f"""
+        import sys, time, torch
+        sys.path.insert(0, {str(ROOT)!r})
+        torch.set_num_threads(1)
+        from paper_tables import sparse_vd_table, curves
+        s = sparse_vd_table._settings(True)
+        s.update({{"epochs": {{"lenet300_100": 6}}, "pretrain": {{"lenet300_100": 2}},
+                  "warmup": {{"lenet300_100": 2}}, "eval_every": {{"lenet300_100": 1}}}})
+        original = curves.train_epochs
+        def slow(path, key, objects, epochs, run_epoch, evaluate, **kw):
+            def run_and_wait(e):
+                run_epoch(e)
+                time.sleep(0.3)
+            return original(path, key, objects, epochs, run_and_wait, evaluate, **kw)
+        curves.train_epochs = slow
+        from pathlib import Path
+        sparse_vd_table.run_one("lenet300_100", "sparse_vd", s, 0, Path({str(runs)!r}))
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    for line in proc.stderr:  # kill it mid-schedule, after its third Sparse VD epoch was scored
+        if "Sparse VD seed 0: epoch 3/6" in line:
+            os.kill(proc.pid, signal.SIGKILL)
+            break
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    ckpt = torch.load(runs / "lenet300_100-sparse_vd-seed0.ckpt", weights_only=False)
+    assert 2 <= ckpt["epochs_done"] < 6
+    assert not (runs / "lenet300_100-sparse_vd-seed0.json").exists()  # the row is cached only when complete
+
+    resumed = sparse_vd_table.run_one("lenet300_100", "sparse_vd", _settings(), 0, runs)
+    assert resumed["complete"] and resumed["epochs_done"] == 6
+    assert _strip_times(resumed["curve"]) == _strip_times(whole["curve"])
+    assert resumed["error"] == whole["error"] and resumed["nonzero"] == whole["nonzero"]
+    a, b = _weights(tmp_path / "whole"), _weights(runs)
+    for name, tensor in a["model"].items():
+        torch.testing.assert_close(b["model"][name], tensor, rtol=0, atol=0, msg=name)
+    assert torch.equal(a["data_order"], b["data_order"])
+    assert a["optimizer"]["state"][0]["step"] == b["optimizer"]["state"][0]["step"]
+
+
+def test_deadline_stops_after_an_epoch_and_the_next_call_continues(tmp_path):
+    calls = []
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def run_epoch(e):
+        calls.append(e)
+        opt.zero_grad()
+        model(torch.ones(4, 3)).pow(2).mean().backward()
+        opt.step()
+        common.set_deadline(0)  # the deadline passes during epoch 0
+
+    path = tmp_path / "run.ckpt"
+    first = train_epochs(path, "k", {"model": model, "optimizer": opt}, 4, run_epoch,
+                         lambda e: {"bias": float(model.bias.detach())})
+    assert calls == [0] and first["epochs_done"] == 1 and not first["complete"]
+    common.set_deadline(None)
+    fresh = torch.nn.Linear(3, 1)
+    fresh_opt = torch.optim.SGD(fresh.parameters(), lr=0.1)
+
+    def run_rest(e):
+        calls.append(e)
+        fresh_opt.zero_grad()
+        fresh(torch.ones(4, 3)).pow(2).mean().backward()
+        fresh_opt.step()
+
+    second = train_epochs(path, "k", {"model": fresh, "optimizer": fresh_opt}, 4, run_rest,
+                          lambda e: {"bias": float(fresh.bias.detach())})
+    assert calls == [0, 1, 2, 3] and second["complete"] and [p["epoch"] for p in second["curve"]] == [1, 2, 3, 4]
+    assert second["curve"][0] == first["curve"][0]
+    other = train_epochs(path, "other settings", {"model": fresh, "optimizer": fresh_opt}, 1, run_rest,
+                         lambda e: {})
+    assert other["epochs_done"] == 1 and calls[-1] == 0  # another key starts again from epoch 0
+
+
+def test_budget_minutes_zero_reports_the_epochs_reached(tmp_path, one_thread):
+    from paper_tables.__main__ import main
+
+    assert main(["sparse_vd_table", "--quick", "--budget-minutes", "0", "--out", str(tmp_path)]) == 0
+    record = __import__("json").loads((tmp_path / "sparse_vd_table.json").read_text())
+    runs = record["rows"]["runs"]
+    assert runs and all(not r["complete"] and r["epochs_done"] == 0 for r in runs)
+    assert "0 of 10" in (tmp_path / "sparse_vd_table.md").read_text()
+    with pytest.raises(SystemExit, match="--budget-minutes"):
+        main(["sparse_vd_table", "--quick", "--budget-minutes", "-1", "--out", str(tmp_path)])
+
+
+def test_vogn_claim_is_read_at_the_last_epoch_both_curves_reached():
+    adam = {"curve": [{"epoch": e, "accuracy": 0.98, "ece": 0.010} for e in (1, 2, 3, 4)]}
+    vogn = {"curve": [{"epoch": 1, "accuracy": 0.97, "ece": 0.005}, {"epoch": 2, "accuracy": 0.975, "ece": 0.02}]}
+    claim = vogn_table.claim_at_matched_epochs(adam, vogn)
+    assert claim["epoch"] == 2 and claim["epochs_compared"] == 2 and claim["epochs_vogn_lower_ece"] == 1
+    assert claim["accuracy_gap_pp"] == pytest.approx(-0.5) and not claim["holds"]  # ECE 0.02 > 0.01 at epoch 2
+    assert vogn_table.claim_at_matched_epochs(adam, {"curve": []}) is None
+
+
+@pytest.mark.parametrize("net, error, compression, expected", [
+    ("lenet300_100", 1.95, 70.0, "reproduced"),
+    ("lenet300_100", 2.10, 55.0, "reproduced within 0.18 pp error at 0.81× the seed's compression"),
+    ("lenet300_100", 2.30, 55.0, "not reproduced"),
+    ("lenet300_100", 1.90, 40.0, "not reproduced"),
+    ("lenet5_caffe", 0.95, 150.0, "reproduced within 0.20 pp error at 0.54× the seed's compression"),
+    ("lenet5_caffe", 1.10, 300.0, "not reproduced"),
+])
+def test_sparse_vd_verdict(net, error, compression, expected):
+    assert sparse_vd_table.verdict(net, error, compression, True) == expected
+    assert sparse_vd_table.verdict(net, error, compression, False).endswith("the schedule is unfinished)")
