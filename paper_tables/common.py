@@ -177,12 +177,17 @@ def write_target(out_dir: str | os.PathLike, result: TargetResult,
             plot(result, png)
         finally:
             plt.close("all")
-    atomic_io.write_text(out / f"{result.target}.md", render_markdown(data, png.name if png.exists() else None))
+    provenance = out / f"{result.target}.provenance.md"
+    atomic_io.write_text(out / f"{result.target}.md", render_markdown(
+        data, png.name if png.exists() else None, provenance.read_text() if provenance.is_file() else None))
     write_index(out)
     return data
 
 
-def render_markdown(data: dict, png: str | None) -> str:
+def render_markdown(data: dict, png: str | None, provenance: str | None = None) -> str:
+    """The target's Markdown page. ``provenance``: hand-written notes on how the recorded run was made (the
+    commands, their wall time and the machine's load when runs were resumed or split over processes), kept
+    in ``<target>.provenance.md`` beside the outputs and shown before the environment."""
     mode = "quick (toy scale)" if data["quick"] else "full"
     lines = [f"# {data['title']}", "",
              f"Target `{data['target']}`, mode: {mode}, base seed {data['seed']}, wall time "
@@ -195,6 +200,8 @@ def render_markdown(data: dict, png: str | None) -> str:
         lines += [f"![{data['target']}]({png})", ""]
     for heading, body in data.get("sections", []):
         lines += [f"## {heading}", "", body, ""]
+    if provenance:
+        lines += ["## How the recorded run was made", "", provenance.strip(), ""]
     env = data.get("env", {})
     lines += ["## Environment", "", md_table(("key", "value"), sorted(env.items())), ""]
     return "\n".join(lines)

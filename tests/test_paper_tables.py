@@ -123,6 +123,14 @@ def test_cli_single_target(tmp_path):
     assert "theorems" in readme and "Not run into this folder yet" in readme
 
 
+def test_provenance_notes_are_shown_beside_the_numbers(tmp_path):
+    (tmp_path / "theorems.provenance.md").write_text("Run as `python -m paper_tables theorems`, load 0.4.\n")
+    assert main(["theorems", "--quick", "--out", str(tmp_path)]) == 0
+    page = (tmp_path / "theorems.md").read_text()
+    assert "## How the recorded run was made\n\nRun as `python -m paper_tables theorems`, load 0.4." in page
+    assert page.index("How the recorded run was made") < page.index("## Environment")
+
+
 def test_quick_all(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "paper_tables", "all", "--quick", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
