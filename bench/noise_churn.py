@@ -39,7 +39,7 @@ def child(args) -> None:
     import mcgraph as mg
 
     torch.manual_seed(0)
-    net = mg.models.get_model(args.model, num_classes=10)
+    net = mg.models.get_model(args.model, num_classes=10, in_channels=3)  # the 3×32×32 batch below
     net = mg.nn.bayesify(net, posterior=args.posterior, prior="normal", kl_samples=args.num_samples,
                          inplace=True)
     params = [p for p in net.parameters() if p.requires_grad]
