@@ -54,3 +54,70 @@ def test_ivon_cli_options_and_refusals(tmp_path):
         mtrain.main(["--optimizer", "ivon", "--hess-approx", "exact"])
     with pytest.raises(ValueError, match="spike-slab"):
         mtrain.main(COMMON + ["--optimizer", "ivon", "--spike-slab", "--epochs", "1", "--out", str(tmp_path / "x")])
+
+
+def test_ivon_cli_batches_its_samples_and_ends_where_the_sample_loop_ends(tmp_path, monkeypatch):
+    """``--mc-samples 3``: one vmapped forward/backward per step (the same noise as three sampled passes)."""
+    from mcgraph.optim import IVON
+
+    args = COMMON + ["--optimizer", "ivon", "--mc-samples", "3", "--epochs", "1", "--eval-every", "0",
+                     "--limit-train", "256"]
+    calls = []
+    vectorized = IVON._vectorized_samples
+
+    def counting(self, *a, **k):
+        calls.append(1)
+        return vectorized(self, *a, **k)
+
+    monkeypatch.setattr(IVON, "_vectorized_samples", counting)
+    assert mtrain.main(args + ["--out", str(tmp_path / "batched")]) == 0
+    assert len(calls) == 4  # 256 examples in batches of 64: one batched pass per step
+
+    def refuse(self, *a, **k):
+        raise RuntimeError("vmap refuses this model")
+
+    monkeypatch.setattr(IVON, "_vectorized_samples", refuse)  # the loop of three sampled passes instead
+    assert mtrain.main(args + ["--out", str(tmp_path / "loop")]) == 0
+    a, b = (torch.load(tmp_path / d / "checkpoint.pt", weights_only=True) for d in ("batched", "loop"))
+    assert a["optimizer"]["counters"]["step"] == b["optimizer"]["counters"]["step"] == 4
+    for key, value in a["model"].items():
+        torch.testing.assert_close(b["model"][key], value, rtol=1e-4, atol=1e-6, msg=key)
+
+
+def test_ivon_cli_batched_samples_stop_on_a_nonfinite_data_term_without_writing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MCGRAPH_FAULT_NONFINITE", "2:data")
+    out = tmp_path / "run"
+    code = mtrain.main(COMMON + ["--optimizer", "ivon", "--mc-samples", "2", "--epochs", "1", "--eval-every", "0",
+                                 "--out", str(out)])
+    assert code == 3
+    assert "step 2: the data term is not finite" in capsys.readouterr().err
+    assert not (out / "checkpoint.pt").exists()
+
+
+def test_ivon_dropped_samples_leave_weights_and_state_unchanged():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+    opt = IVON_(net)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+
+    def refuse(loss):
+        assert opt.recorded_finite()
+        raise ValueError("stop")
+
+    with pytest.raises(ValueError, match="stop"):
+        opt.step_samples(lambda: torch.nn.functional.cross_entropy(net(x), y), before_step=refuse)
+    assert opt.counters["step"] == 0 and opt._count == 0
+    for k, v in net.state_dict().items():
+        torch.testing.assert_close(v, before[k], rtol=0, atol=0)
+    finite = []
+    loss = opt.step_samples(lambda: torch.nn.functional.cross_entropy(net(x), y) * float("nan"),
+                            before_step=lambda loss: finite.append(opt.recorded_finite()))
+    assert finite == [False] and not bool(torch.isfinite(loss))
+    assert opt.counters["step"] == 1  # a check that does not raise lets the update happen
+
+
+def IVON_(net):
+    from mcgraph.optim import IVON
+
+    return IVON(net, lr=0.1, ess=16, mc_samples=4, seed=0)

@@ -5,7 +5,9 @@ The plain network of ``--model`` (never bayesified) is trained with cross-entrop
 * ``ivon`` — :class:`~mcgraph.optim.IVON` (``--ess``, default the number of training examples;
   ``--hess-init``, ``--betas`` (β₁, β₂), ``--weight-decay`` (default 1e-4 here), ``--hess-approx``,
   ``--clip-radius``, ``--mc-samples``; ``--lr`` defaults to 0.1, the paper's recommendation, when it
-  is not given); the posterior predictive is ``optimizer.posterior_model()``;
+  is not given); with ``--mc-samples`` K > 1 the K samples run as one batched forward and backward
+  (:meth:`~mcgraph.optim.IVON.step_samples`; a loop where vmap refuses the model); the posterior
+  predictive is ``optimizer.posterior_model()``;
 * ``vogn`` — :class:`~mcgraph.optim.VOGN` (``--mc-samples``, ``--prior-precision``, ``--damping``,
   ``--tempering``, ``--betas``, …); the posterior predictive is ``optimizer.posterior_model()``;
 * ``adaptive-vb`` — :class:`~mcgraph.optim.AdaptiveVB` (``--avb-form gaussian``, the default:
@@ -39,8 +41,9 @@ and SGHMC leave parameters and state unchanged and count ``skipped_steps``; Adam
 from __future__ import annotations
 
 import argparse
-import sys
+import functools
 import math
+import sys
 from pathlib import Path
 
 import torch
@@ -390,12 +393,32 @@ class OptimizerTraining:
                                                 "was written")
             return loss
 
-        loss = float(_loss_step(self.kind, optimizer, closure, self.spike_slab, args.on_nonfinite))
+        if self.kind == "ivon" and optimizer.mc_samples > 1:  # the K samples batched where the model allows
+            loss = float(optimizer.step_samples(
+                lambda: self._data_term(xb, yb, step),
+                before_step=functools.partial(self._check_samples, step) if args.on_nonfinite == "stop" else None))
+        else:
+            loss = float(_loss_step(self.kind, optimizer, closure, self.spike_slab, args.on_nonfinite))
         if self.scheduler is not None:
             if self.scheduler.is_snapshot_step(step):
                 self.ensemble.add()
             self.scheduler.step()
         return StepResult(loss, loss)
+
+    def _data_term(self, xb, yb, step: int) -> torch.Tensor:
+        from . import training_run as base
+
+        loss = self.loss_fn(self.model(xb), yb)
+        return loss + math.inf if base.fault_nonfinite(step + 1) is not None else loss  # test hook
+
+    def _check_samples(self, step: int, loss: torch.Tensor) -> None:
+        """IVON's K samples, before its update: the same refusals as the closure's, nothing written."""
+        from . import training_run as base
+
+        base.check_finite(step + 1, data_term=loss)
+        if not self.optimizer.recorded_finite():
+            raise base.TrainingDiverged(f"step {step + 1}: the gradient of a weight sample is not finite (the data "
+                                        f"term, {float(loss):.6g}, is); nothing was written")
 
     def epoch_extra(self, epoch: int, log) -> dict:
         return {} if self.spike_slab is None else {"sparsity": self.spike_slab.sparsity()["sparsity"]}

@@ -535,7 +535,8 @@ class IVON(CountedOptimizer):
         return loss
 
     def step_samples(self, loss_fn: Callable[[], torch.Tensor], *, vectorize: bool | None = None,
-                     model: nn.Module | None = None, chunk_size: int | None = None) -> torch.Tensor:
+                     model: nn.Module | None = None, chunk_size: int | None = None,
+                     before_step: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
         """One step from ``mc_samples`` weight samples evaluated together; returns their mean loss.
 
         ``loss_fn()`` calls the model and returns the batch-mean loss **without** calling
@@ -557,6 +558,10 @@ class IVON(CountedOptimizer):
             model: the network (default: the one given to the constructor; needed for vmap).
             chunk_size: samples per batched pass (default: all K while ``K·P`` ≤ 2²² numbers, else as many
                 as fit in that: each chunk's tensors then stay small enough for the allocator to reuse).
+            before_step: called with the samples' mean loss once they are all recorded, before the update
+                (a training loop's finiteness check: :meth:`recorded_finite` tells whether the gradients
+                are). When it raises, the recorded samples are dropped and the weights and the optimizer's
+                state are left as they were.
 
         Raises:
             ValueError: ``vectorize=True`` without a model, or a ``chunk_size`` that is not a positive int.
@@ -588,8 +593,7 @@ class IVON(CountedOptimizer):
                     raise
                 self._draws = draws  # nothing was recorded: the loop draws the same noise
             else:
-                self.step()
-                return sum(losses) / self.mc_samples
+                return self._step_checked(sum(losses) / self.mc_samples, before_step)
         losses = []
         for _ in range(self.mc_samples):
             with self.sampled_params(train=True):
@@ -598,8 +602,23 @@ class IVON(CountedOptimizer):
                     loss = loss_fn()
                     loss.backward()
                 losses.append(loss.detach())
+        return self._step_checked(torch.stack(losses).mean(), before_step)
+
+    def _step_checked(self, loss: torch.Tensor, before_step) -> torch.Tensor:
+        if before_step is not None:
+            try:
+                before_step(loss)
+            except BaseException:
+                self._reset_samples()
+                raise
         self.step()
-        return torch.stack(losses).mean()
+        return loss
+
+    @torch.no_grad()
+    def recorded_finite(self) -> bool:
+        """Whether every statistic recorded since the last step (mean gradient, Hessian estimate) is finite."""
+        stats = (self._avg_grad or []) + (self._avg_hess or [])
+        return not stats or bool(torch.stack([torch.isfinite(t).all() for t in stats]).all())
 
     def _vectorized_samples(self, loss_fn: Callable[[], torch.Tensor], model: nn.Module, samples: int) -> torch.Tensor:
         """Record ``samples`` samples from one vmapped forward/backward; returns their mean loss.
