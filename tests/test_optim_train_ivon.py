@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 
@@ -66,8 +67,9 @@ def test_ivon_cli_batches_its_samples_and_ends_where_the_sample_loop_ends(tmp_pa
     vectorized = IVON._vectorized_samples
 
     def counting(self, *a, **k):
-        calls.append(1)
-        return vectorized(self, *a, **k)
+        out = vectorized(self, *a, **k)
+        calls.append(1)  # only a batched pass that succeeded counts
+        return out
 
     monkeypatch.setattr(IVON, "_vectorized_samples", counting)
     assert mtrain.main(args + ["--out", str(tmp_path / "batched")]) == 0
@@ -94,27 +96,58 @@ def test_ivon_cli_batched_samples_stop_on_a_nonfinite_data_term_without_writing(
     assert not (out / "checkpoint.pt").exists()
 
 
-def test_ivon_dropped_samples_leave_weights_and_state_unchanged():
+@pytest.mark.parametrize("vectorize", [True, False], ids=["vmapped", "loop"])
+def test_ivon_dropped_samples_leave_weights_and_state_unchanged(vectorize):
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
     x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+    loss_fn = lambda: torch.nn.functional.cross_entropy(net(x), y)  # noqa: E731
     opt = IVON_(net)
-    before = {k: v.clone() for k, v in net.state_dict().items()}
+    opt.step_samples(loss_fn, vectorize=vectorize)  # one real step first: momentum and h are not at their start
+    weights = {k: v.clone() for k, v in net.state_dict().items()}
+    state = copy.deepcopy(opt.state_dict())
 
     def refuse(loss):
         assert opt.recorded_finite()
         raise ValueError("stop")
 
     with pytest.raises(ValueError, match="stop"):
-        opt.step_samples(lambda: torch.nn.functional.cross_entropy(net(x), y), before_step=refuse)
-    assert opt.counters["step"] == 0 and opt._count == 0
+        opt.step_samples(loss_fn, vectorize=vectorize, before_step=refuse)
     for k, v in net.state_dict().items():
-        torch.testing.assert_close(v, before[k], rtol=0, atol=0)
+        torch.testing.assert_close(v, weights[k], rtol=0, atol=0)
+    _assert_same_state(opt.state_dict(), state)
+    # the next step draws the noise the refused one drew: it equals that step on an untouched copy
+    twin_net = copy.deepcopy(net)
+    twin = IVON_(twin_net)
+    twin.load_state_dict(state)
+    opt.step_samples(loss_fn, vectorize=vectorize)
+    twin.step_samples(lambda: torch.nn.functional.cross_entropy(twin_net(x), y), vectorize=vectorize)
+    for (k, v), w in zip(net.state_dict().items(), twin_net.state_dict().values()):
+        torch.testing.assert_close(v, w, rtol=0, atol=0, msg=k)
+
     finite = []
-    loss = opt.step_samples(lambda: torch.nn.functional.cross_entropy(net(x), y) * float("nan"),
+    loss = opt.step_samples(lambda: loss_fn() * float("nan"), vectorize=vectorize,
                             before_step=lambda loss: finite.append(opt.recorded_finite()))
     assert finite == [False] and not bool(torch.isfinite(loss))
-    assert opt.counters["step"] == 1  # a check that does not raise lets the update happen
+    assert opt.counters["step"] == 3  # a check that does not raise lets the update happen
+
+
+def _assert_same_state(a: dict, b: dict) -> None:
+    assert a["counters"] == b["counters"]
+    for key, st in b["state"].items():
+        for name, value in st.items():
+            torch.testing.assert_close(a["state"][key][name], value, rtol=0, atol=0, msg=f"{key}.{name}")
+
+
+def test_ivon_cli_skips_nonfinite_steps_with_the_flag(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MCGRAPH_FAULT_NONFINITE", "2:data")
+    out = tmp_path / "run"
+    assert mtrain.main(COMMON + ["--optimizer", "ivon", "--mc-samples", "2", "--epochs", "1", "--eval-every", "0",
+                                 "--on-nonfinite", "skip", "--out", str(out)]) == 0
+    assert "ivon: step 2: non-finite loss; the step was skipped" in capsys.readouterr().err
+    state = torch.load(out / "checkpoint.pt", weights_only=False)
+    assert state["optimizer"]["counters"]["skipped"] == 1 and state["optimizer"]["counters"]["step"] == 22
+    assert all(bool(torch.isfinite(v).all()) for v in state["model"].values())
 
 
 def IVON_(net):

@@ -34,8 +34,9 @@ Output is that of ``mcgraph train``: progress, ``metrics.jsonl``, ``checkpoint.p
 states; ``--resume`` continues bit for bit), and ``summary.json`` / ``summary.md``, all
 written atomically; checkpoints are loaded with ``weights_only=True`` (see :mod:`.train`).
 A non-finite loss or gradient stops the run naming the step (``--on-nonfinite stop``, the
-default) or, with ``skip``, is left to the optimizer's own skip (VOGN, IVON, adaptive VB
-and SGHMC leave parameters and state unchanged and count ``skipped_steps``; Adam skips here).
+default) or, with ``skip``, is left to the optimizer's own skip (VOGN, adaptive VB and SGHMC
+leave parameters and state unchanged and count ``skipped_steps``; Adam and IVON skip here, IVON
+counting it in its ``skipped_steps``).
 """
 
 from __future__ import annotations
@@ -289,6 +290,10 @@ def _checkpoint(path: Path, model, optimizer, scheduler, spike_slab, ensemble, e
                     snapshots=None if ensemble is None else ensemble.snapshots)
 
 
+class _SkippedStep(Exception):
+    """IVON's samples were not finite under ``--on-nonfinite skip``: they are dropped, the step is skipped."""
+
+
 def _loss_step(kind: str, optimizer, closure, spike_slab, on_nonfinite: str = "stop"):
     if kind in ("vogn", "ivon", "adaptive-vb-gaussian"):
         return optimizer.step(closure)
@@ -337,6 +342,8 @@ class OptimizerTraining:
         self.ensemble = SnapshotEnsemble(self.model) if self.kind == "adaptive-vb-sghmc" else None
         self.bayesian = self.kind != "adam"
         self.loss_fn = nn.CrossEntropyLoss()
+        # vmap refuses BatchNorm in training mode: known once, so IVON's samples never retry it every step
+        self._vmap_ok = not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in self.model.modules())
         self.default_out = f"runs/{args.model}-{args.dataset}-{args.optimizer}-"
 
     @property
@@ -393,10 +400,15 @@ class OptimizerTraining:
                                                 "was written")
             return loss
 
-        if self.kind == "ivon" and optimizer.mc_samples > 1:  # the K samples batched where the model allows
-            loss = float(optimizer.step_samples(
-                lambda: self._data_term(xb, yb, step),
-                before_step=functools.partial(self._check_samples, step) if args.on_nonfinite == "stop" else None))
+        if self.kind == "ivon":  # K > 1 samples batched where the model allows (vmap refuses training BatchNorm)
+            try:
+                loss = float(optimizer.step_samples(lambda: self._data_term(xb, yb, step),
+                                                    vectorize=None if self._vmap_ok else False,
+                                                    before_step=functools.partial(self._check_samples, step)))
+            except _SkippedStep as skipped:
+                optimizer.counters["skipped"] += 1
+                print(f"ivon: step {step + 1}: {skipped}; the step was skipped", file=sys.stderr, flush=True)
+                loss = math.nan
         else:
             loss = float(_loss_step(self.kind, optimizer, closure, self.spike_slab, args.on_nonfinite))
         if self.scheduler is not None:
@@ -412,13 +424,17 @@ class OptimizerTraining:
         return loss + math.inf if base.fault_nonfinite(step + 1) is not None else loss  # test hook
 
     def _check_samples(self, step: int, loss: torch.Tensor) -> None:
-        """IVON's K samples, before its update: the same refusals as the closure's, nothing written."""
+        """IVON's samples, before its update: a non-finite loss or gradient stops the run (nothing written) or,
+        with ``--on-nonfinite skip``, skips the step (weights and state unchanged)."""
         from . import training_run as base
 
+        if bool(torch.isfinite(loss)) and self.optimizer.recorded_finite():
+            return
+        if self.args.on_nonfinite == "skip":
+            raise _SkippedStep("non-finite loss or gradient" if bool(torch.isfinite(loss)) else "non-finite loss")
         base.check_finite(step + 1, data_term=loss)
-        if not self.optimizer.recorded_finite():
-            raise base.TrainingDiverged(f"step {step + 1}: the gradient of a weight sample is not finite (the data "
-                                        f"term, {float(loss):.6g}, is); nothing was written")
+        raise base.TrainingDiverged(f"step {step + 1}: the gradient of a weight sample is not finite (the data "
+                                    f"term, {float(loss):.6g}, is); nothing was written")
 
     def epoch_extra(self, epoch: int, log) -> dict:
         return {} if self.spike_slab is None else {"sparsity": self.spike_slab.sparsity()["sparsity"]}
