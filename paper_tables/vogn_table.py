@@ -43,7 +43,7 @@ TITLE = "Seed 003, Table 1: Adam, BBB, MC dropout and VOGN — accuracy, NLL, EC
 PAPER = ("Osawa, Swaroop, Jain, Eschenhagen, Turner, Yokota, Khan. Practical Deep Learning with Bayesian "
          "Principles. NeurIPS 2019 (seed 003)")
 ARMS = ("adam", "bbb", "mc_dropout", "vogn")
-LABELS = {"adam": "Adam", "bbb": "BBB", "mc_dropout": "MC dropout", "vogn": "VOGN"}
+LABELS = {"adam": "Adam", "bbb": "BBB", "mc_dropout": "MC dropout", "vogn": "VOGN", "ivon": "IVON"}
 #: The seed's CIFAR-10 / LeNet-5 rows (no data augmentation): train acc, val acc (%), val NLL, epochs,
 #: s/epoch, ECE, AUROC. BBB's time is marked † in the seed.
 PAPER_ROWS = {"adam": (71.98, 67.67, 0.937, 210, 6.96, 0.021, 0.794),
@@ -70,13 +70,15 @@ def _settings(quick: bool) -> dict:
 #: examples with 6 weight samples each, so K = 6 per example of a 128-batch; lr 10⁻⁴ constant; δ = 100; γ = 10⁻³;
 #: τ warmed up from 0.1 to 1 over 11 719 steps; ρ = 1, no data augmentation; 210 epochs; 10 samples to predict),
 #: run with the torchsso variant the config was tuned with, on MNIST LeNet-5 (also 50 000 training examples, so
-#: the warm-up covers the same 30 epochs). Adam: the table's baseline, lr 10⁻³.
+#: the warm-up covers the same 30 epochs). Adam: the table's baseline, lr 10⁻³. IVON (Shen et al., 2024; not in the
+#: seed): its paper's recommended lr 0.1 with the effective sample size N and its other defaults.
 SEED_SCHEDULE = {"dataset": "mnist", "model": "lenet5", "hidden": None, "epochs": 210, "batch": 128, "predict": 10,
                  "adam": {"lr": 1e-3},
                  "vogn": {"lr": 1e-4, "betas": [0.9, 0.999], "prior_precision": 100.0, "damping": 1e-3,
                           "tempering": 1.0, "tempering_init": 0.1, "tempering_warmup_steps": 11_719,
-                          "num_mc_samples": 6, "data_augmentation_factor": 1.0, "variant": "torchsso"}}
-CURVE_ARMS = ("adam", "vogn")
+                          "num_mc_samples": 6, "data_augmentation_factor": 1.0, "variant": "torchsso"},
+                 "ivon": {"lr": 0.1}}
+CURVE_ARMS = ("adam", "vogn", "ivon")
 
 
 def _curve_settings(quick: bool) -> dict:
@@ -87,7 +89,8 @@ def _curve_settings(quick: bool) -> dict:
             "adam": {"lr": 1e-3},
             "vogn": {"lr": 5e-3, "betas": [0.9, 0.999], "prior_precision": 1.0, "damping": 0.03, "tempering": 1.0,
                      "tempering_init": 0.1, "tempering_warmup_steps": 30, "num_mc_samples": 2,
-                     "data_augmentation_factor": 1.0, "variant": "torchsso"}}
+                     "data_augmentation_factor": 1.0, "variant": "torchsso"},
+            "ivon": {"lr": 0.1}}
 
 
 def _with_dropout(model: nn.Module, p: float) -> nn.Module:
@@ -140,6 +143,10 @@ def _epoch_runner(arm: str, s: dict, ds, seed: int):
         v = dict(h)
         v["betas"] = tuple(v["betas"])
         opt = VOGN(model, n, seed=seed, **v)
+    elif arm == "ivon":
+        from mcgraph.optim import IVON
+
+        opt = IVON(model, ess=n, seed=seed, **h)
     else:
         opt = torch.optim.Adam(model.parameters(), lr=h["lr"])
     gen = torch.Generator().manual_seed(seed)
@@ -161,7 +168,7 @@ def _epoch_runner(arm: str, s: dict, ds, seed: int):
                 loss.backward()
                 return loss
 
-            if arm == "vogn":
+            if arm in ("vogn", "ivon"):  # each runs its weight samples through the closure
                 opt.step(closure)
             else:
                 closure()
@@ -183,7 +190,7 @@ def _predictor(arm: str, model: nn.Module, opt):
     """``(model to predict with, deterministic?)`` of a trained arm."""
     import mcgraph.nn as mnn
 
-    if arm == "vogn":
+    if arm in ("vogn", "ivon"):
         return opt.posterior_model().eval(), False
     if arm == "bbb":
         return model.eval(), False
@@ -412,8 +419,8 @@ def report(out_dir, result: TargetResult) -> dict:
 
 
 def claim_at_matched_epochs(adam: dict, vogn: dict) -> dict | None:
-    """The seed's claim (VOGN ≈ Adam accuracy, lower ECE) on two curves, at the last epoch both reached and
-    over every epoch both reached: ``{"epoch", "accuracy_gap_pp", "ece_adam", "ece_vogn", "holds",
+    """The seed's claim (VOGN ≈ Adam accuracy, lower ECE; IVON is read the same way) on two curves, at the
+    last epoch both reached and over every epoch both reached: ``{"epoch", "accuracy_gap_pp", "ece_adam", "ece_vogn", "holds",
     "epochs_compared", "epochs_vogn_lower_ece", "epochs_within_1pp"}``; ``None`` when they share no epoch."""
     a = {c["epoch"]: c for c in adam["curve"]}
     v = {c["epoch"]: c for c in vogn["curve"]}
@@ -460,8 +467,16 @@ def _seed_schedule_sections(result: TargetResult) -> None:
         f"CIFAR-10, cannot ship offline), seed {', '.join(sorted({str(r['seed']) for r in curves.values()}))}, test set scored "
         "after every epoch. Epochs reached: "
         f"{reached}; a run stopped by `--budget-minutes` continues from its checkpoint when the target runs again.")
-        + "\n\n" + md_table(("epoch", "Adam acc (%)", "VOGN acc (%)", "Adam ECE", "VOGN ECE", "Adam NLL", "VOGN NLL"),
+        + (f" IVON: lr {sched['ivon']['lr']}, ess = N, its other defaults (not in the seed)." if "ivon" in curves else "")
+        + "\n\n" + md_table(("epoch",) + tuple(f"{LABELS[a]} {k}" for k in ("acc (%)", "ECE", "NLL") for a in curves),
                               _curve_rows(curves)))
+    ivon = None if not {"adam", "ivon"} <= set(curves) else claim_at_matched_epochs(curves["adam"], curves["ivon"])
+    if ivon is not None:
+        result.compare("IVON at its recommended settings beside the same Adam (not in the seed)", "—",
+                       f"epoch {ivon['epoch']}: accuracy Δ = {ivon['accuracy_gap_pp']:+.2f} pp; ECE "
+                       f"{ivon['ece_vogn']:.4f} vs Adam {ivon['ece_adam']:.4f}; IVON's ECE is lower at "
+                       f"{ivon['epochs_vogn_lower_ece']} of {ivon['epochs_compared']} epochs",
+                       f"{sched['dataset']} {sched['model']}, 1 seed, epochs reached: {reached}", "—")
 
 
 def _curve_rows(curves: dict) -> list:
@@ -476,9 +491,8 @@ def _curve_rows(curves: dict) -> list:
         c = by_epoch[e].get(arm)
         return "—" if c is None else fmt.format(c[key] * (100 if key == "accuracy" else 1))
 
-    return [(e, cell(e, "adam", "accuracy", "{:.2f}"), cell(e, "vogn", "accuracy", "{:.2f}"),
-             cell(e, "adam", "ece", "{:.4f}"), cell(e, "vogn", "ece", "{:.4f}"), cell(e, "adam", "nll", "{:.4f}"),
-             cell(e, "vogn", "nll", "{:.4f}")) for e in shown]
+    formats = (("accuracy", "{:.2f}"), ("ece", "{:.4f}"), ("nll", "{:.4f}"))
+    return [(e, *(cell(e, arm, key, fmt) for key, fmt in formats for arm in curves)) for e in shown]
 
 
 def plot(result: TargetResult, path) -> None:
@@ -497,7 +511,7 @@ def plot(result: TargetResult, path) -> None:
         if key == "accuracy" and means:
             ax.set_ylim(min(m for m in means if not math.isnan(m)) - 5, 100)
     if block:
-        colors = {"adam": "#777", "vogn": "#5a5"}
+        colors = {"adam": "#777", "vogn": "#5a5", "ivon": "#a5a"}
         for ax, (key, label, scale) in zip(axes[1], (("accuracy", "test accuracy (%)", 100), ("nll", "NLL", 1),
                                                      ("ece", "ECE", 1), ("auroc", "AUROC (errors)", 1))):
             for r in block["runs"]:
