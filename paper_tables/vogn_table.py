@@ -262,6 +262,12 @@ def run_arm(arm: str, s: dict, seed: int, runs_dir: Path | None = None) -> dict:
     return row
 
 
+def _curve_key(sched: dict, arm: str, seed: int) -> str:
+    """What one curve run depends on: the shared settings and its own arm's (adding an arm keeps the others)."""
+    cfg = {k: v for k, v in sched.items() if k not in LABELS} | {"hyper": sched[arm], "arm": arm, "seed": seed}
+    return hashlib.sha1(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:10]
+
+
 def run_curve(arm: str, sched: dict, seed: int, runs_dir: Path | None = None) -> dict:
     """Train ``arm`` at the schedule ``sched`` (:data:`SEED_SCHEDULE`), scoring the test set after every epoch.
 
@@ -271,7 +277,7 @@ def run_curve(arm: str, sched: dict, seed: int, runs_dir: Path | None = None) ->
     """
     from .curves import train_epochs
 
-    key = hashlib.sha1(json.dumps({"curve": sched, "arm": arm, "seed": seed}, sort_keys=True).encode()).hexdigest()[:10]
+    key = _curve_key(sched, arm, seed)
     stem = None if runs_dir is None else runs_dir / f"curve-{arm}-seed{seed}"
     cached = cached_row(None if stem is None else stem.with_suffix(".json"), key)
     if cached is not None:

@@ -176,3 +176,14 @@ def test_vogn_claim_is_read_at_the_last_epoch_both_curves_reached():
 def test_sparse_vd_verdict(net, error, compression, expected):
     assert sparse_vd_table.verdict(net, error, compression, True) == expected
     assert sparse_vd_table.verdict(net, error, compression, False).endswith("the schedule is unfinished)")
+
+
+def test_a_curve_key_depends_on_its_own_arm_and_the_shared_settings_only():
+    sched = vogn_table.SEED_SCHEDULE
+    fewer = {k: v for k, v in sched.items() if k != "ivon"}
+    assert vogn_table._curve_key(fewer, "adam", 0) == vogn_table._curve_key(sched, "adam", 0)
+    assert vogn_table._curve_key(sched, "adam", 0) != vogn_table._curve_key(sched, "adam", 1)
+    assert vogn_table._curve_key(sched | {"batch": 64}, "vogn", 0) != vogn_table._curve_key(sched, "vogn", 0)
+    other = sched | {"vogn": sched["vogn"] | {"lr": 1e-3}}
+    assert vogn_table._curve_key(other, "vogn", 0) != vogn_table._curve_key(sched, "vogn", 0)
+    assert vogn_table._curve_key(other, "ivon", 0) == vogn_table._curve_key(sched, "ivon", 0)
