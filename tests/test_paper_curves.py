@@ -42,14 +42,6 @@ def _no_deadline():
     common.set_deadline(None)
 
 
-@pytest.fixture
-def one_thread():
-    """One torch thread, as the killed subprocess: bit-identical weights need the same reduction order."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def test_sparse_vd_run_killed_with_sigkill_resumes_to_the_uninterrupted_result(tmp_path, one_thread):
     whole = sparse_vd_table.run_one("lenet300_100", "sparse_vd", _settings(), 0, tmp_path / "whole")
@@ -96,8 +88,8 @@ def test_sparse_vd_run_killed_with_sigkill_resumes_to_the_uninterrupted_result(t
     assert a["optimizer"]["state"][0]["step"] == b["optimizer"]["state"][0]["step"]
 
 
-def test_deadline_stops_after_an_epoch_and_the_next_call_continues(tmp_path):
-    calls = []
+def _sgd_epochs(calls: list, stop_after_first: bool = False):
+    """A one-layer model, its SGD, and an epoch function that records its epoch in ``calls``."""
     model = torch.nn.Linear(3, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
 
@@ -106,28 +98,24 @@ def test_deadline_stops_after_an_epoch_and_the_next_call_continues(tmp_path):
         opt.zero_grad()
         model(torch.ones(4, 3)).pow(2).mean().backward()
         opt.step()
-        common.set_deadline(0)  # the deadline passes during epoch 0
+        if stop_after_first:
+            common.set_deadline(0)  # the deadline passes during epoch 0
 
+    return {"model": model, "optimizer": opt}, run_epoch, lambda e: {"bias": float(model.bias.detach())}
+
+
+def test_deadline_stops_after_an_epoch_and_the_next_call_continues(tmp_path):
+    calls = []
     path = tmp_path / "run.ckpt"
-    first = train_epochs(path, "k", {"model": model, "optimizer": opt}, 4, run_epoch,
-                         lambda e: {"bias": float(model.bias.detach())})
+    objects, run_epoch, evaluate = _sgd_epochs(calls, stop_after_first=True)
+    first = train_epochs(path, "k", objects, 4, run_epoch, evaluate)
     assert calls == [0] and first["epochs_done"] == 1 and not first["complete"]
     common.set_deadline(None)
-    fresh = torch.nn.Linear(3, 1)
-    fresh_opt = torch.optim.SGD(fresh.parameters(), lr=0.1)
-
-    def run_rest(e):
-        calls.append(e)
-        fresh_opt.zero_grad()
-        fresh(torch.ones(4, 3)).pow(2).mean().backward()
-        fresh_opt.step()
-
-    second = train_epochs(path, "k", {"model": fresh, "optimizer": fresh_opt}, 4, run_rest,
-                          lambda e: {"bias": float(fresh.bias.detach())})
+    fresh, run_rest, evaluate_fresh = _sgd_epochs(calls)  # a new process: fresh objects, state from the file
+    second = train_epochs(path, "k", fresh, 4, run_rest, evaluate_fresh)
     assert calls == [0, 1, 2, 3] and second["complete"] and [p["epoch"] for p in second["curve"]] == [1, 2, 3, 4]
     assert second["curve"][0] == first["curve"][0]
-    other = train_epochs(path, "other settings", {"model": fresh, "optimizer": fresh_opt}, 1, run_rest,
-                         lambda e: {})
+    other = train_epochs(path, "other settings", fresh, 1, run_rest, lambda e: {})
     assert other["epochs_done"] == 1 and calls[-1] == 0  # another key starts again from epoch 0
 
 

@@ -139,16 +139,6 @@ def test_cli_lstm_on_mnist1d_signals(tmp_path):
 # --------------------------------------------------------------------------- learning
 
 
-@pytest.fixture
-def one_thread():
-    # Small recurrent and attention steps are ~50x slower with two OpenMP threads on a loaded 2-core machine
-    # (the threads spin for each other) than with one.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @needs_sklearn
 def test_bayesian_transformer_encoder_learns_digits_read_by_rows(one_thread):
     ds = mdata.load_dataset("digits", seed=0, sequence=True)

@@ -295,7 +295,7 @@ class _SkippedStep(Exception):
 
 
 def _loss_step(kind: str, optimizer, closure, spike_slab, on_nonfinite: str = "stop"):
-    if kind in ("vogn", "ivon", "adaptive-vb-gaussian"):
+    if kind in ("vogn", "adaptive-vb-gaussian"):  # IVON steps through OptimizerTraining.step
         return optimizer.step(closure)
     loss = closure()
     if not bool(torch.isfinite(loss.detach())) and on_nonfinite == "skip" and kind == "adam":
