@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from typing import Callable
 
 import torch
@@ -15,7 +16,7 @@ from .estimators.analytic import analytic_statistics
 from .estimators.sampling import default_chunk, samples, stream_for
 from .estimators.fused import describe_body
 from .closed_form import closed_form_kl, kl_rule
-from .families import SamplingForm, distribution_parameters, family_of
+from .families import SamplingForm, distribution_parameters, family_of, is_exp
 from .trace import floating, guarded
 from .distributed import sharded
 from . import checks
@@ -23,6 +24,7 @@ from .noise import resolve_seed
 from .methods import KL_METHODS, parse_method
 from .options import Sampling, resolve_sampling
 from .plan_cache import cached_trace
+from .shapes import broadcast_shapes
 from .stderr import MCEstimate, StderrCollector, refuse_with_process_group
 from .tuples import KLPlan, Plan, Tier, classify
 
@@ -56,9 +58,15 @@ def _check_finite(dist: Distribution, argname: str) -> None:
     if not _VALIDATE:
         return
     for name, value in distribution_parameters(dist).items():
+        if not value.is_floating_point():
+            continue
+        if value.device.type == "cpu" and value.numel() <= 16:  # a prior's few numbers: no reduction
+            if all(math.isfinite(v) for v in value.detach().reshape(-1).tolist()):
+                continue
         # One reduction pass; a non-finite sum (NaN/inf present, or an overflow) is confirmed exactly.
-        if value.is_floating_point() and not bool(torch.isfinite(value.detach().sum())) \
-                and not bool(torch.isfinite(value.detach()).all()):
+        elif bool(torch.isfinite(value.detach().sum())):
+            continue
+        if not bool(torch.isfinite(value.detach()).all()):
             raise ValueError(f"{argname}: parameter {name.replace('dist', argname, 1)} has non-finite values "
                              f"(shape {tuple(value.shape)})")
 
@@ -74,8 +82,27 @@ def _plan(fn: Callable, form, seed: int, method: str, taylor_order: int | None) 
     traced, cache, reason = cached_trace(fn, form, lambda: _example(form, seed))
     if cache in ("hit", "stored") and traced.constant is not None:  # the result itself: the caller's copy
         traced = dataclasses.replace(traced, constant=traced.constant.clone())
-    plan = classify(form, traced, method, taylor_order)
+    plan = _classified(form, traced, method, taylor_order) if cache in ("hit", "stored") \
+        else classify(form, traced, method, taylor_order)
     return dataclasses.replace(plan, cache=cache, cache_reason=reason)
+
+
+def _classified(form, traced, method: str, taylor_order) -> Plan:
+    """``classify(form, traced, …)`` for a stored trace, classified once per form signature.
+
+    The classification reads of ``form`` only its family, noise law, shapes, transforms and number of
+    parameters, never their values: a plan made for an equal signature, with ``form`` put in, is the
+    plan ``classify`` would make.
+    """
+    if not isinstance(form, SamplingForm) or not all(is_exp(t) for t in form.transforms):
+        return classify(form, traced, method, taylor_order)
+    key = (type(form), id(form.noise), form.loc is None, tuple(form.shape), tuple(form.noise_shape),
+           len(form.transforms), len(form.params), method, taylor_order)
+    memo = traced.__dict__.setdefault("_plans", {})
+    hit = memo.get(key)
+    if hit is None or hit[0] is not form.noise:
+        hit = memo[key] = (form.noise, classify(form, traced, method, taylor_order))  # the law kept: ids stay unique
+    return dataclasses.replace(hit[1], form=form)
 
 
 def plan_for(fn: Callable, dist: Distribution, *, seed: int = 0, method: str = "auto",
@@ -224,7 +251,7 @@ def _run_tiers(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size
 
 def _node_shape(form, node) -> torch.Size:
     shapes = [c.shape for c in node.constants() if isinstance(c, torch.Tensor)]
-    return torch.broadcast_shapes(form.shape, *shapes)
+    return torch.Size(broadcast_shapes(form.shape, *shapes))
 
 
 def _check_stderr(return_stderr, num_samples: int, taylor_order, shard=None) -> bool:
@@ -452,7 +479,7 @@ def _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, re
     q_shape = q.batch_shape + q.event_shape
     p_shape = p.batch_shape + p.event_shape
     try:
-        torch.broadcast_shapes(q_shape, p_shape)
+        broadcast_shapes(q_shape, p_shape)
     except RuntimeError as e:
         raise ValueError(f"p: shape {tuple(p_shape)} (batch {tuple(p.batch_shape)} + event "
                          f"{tuple(p.event_shape)}) does not broadcast with q's sample shape {tuple(q_shape)}") from e

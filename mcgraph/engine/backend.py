@@ -84,12 +84,20 @@ def triton_available() -> bool:
 
 def requested_backend() -> Backend:
     """``MCGRAPH_BACKEND`` as a :class:`Backend` (``auto`` when unset); read now, not cached."""
-    raw = os.environ.get(ENV_VAR, "").strip().lower() or Backend.AUTO.value
+    raw = os.environ.get(ENV_VAR, "")
+    known = _PARSED.get(raw)
+    if known is not None:
+        return known
     try:
-        return Backend(raw)
+        known = Backend(raw.strip().lower() or Backend.AUTO.value)
     except ValueError:
         raise ValueError(f"{ENV_VAR}={os.environ.get(ENV_VAR)!r}: expected one of "
                          f"{[b.value for b in Backend]}") from None
+    _PARSED[raw] = known
+    return known
+
+
+_PARSED: dict[str, Backend] = {}  # the variable's raw values seen, parsed (it is read on every call)
 
 
 def _interpreting() -> bool:

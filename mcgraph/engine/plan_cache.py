@@ -14,7 +14,7 @@ draw plus every operation of ``fn`` on it. The trace is a function of
 * the integrand registry (:func:`mcgraph.register_integrand`).
 
 The cache key holds all of it: Python scalars, strings, dtypes and shapes by value; a tensor
-whose storage is small (≤ :data:`SMALL_TENSOR_BYTES`, not requiring grad) by its bytes (read
+whose storage is small (≤ :data:`SMALL_TENSOR_BYTES`, not requiring grad) by its values (read
 back from an accelerator: one small copy, like the finiteness check of the parameters); any
 other tensor by identity (the entry keeps a reference, so an id cannot be reused).
 A later call with an equal key reuses the trace and draws no example. The trace's constants
@@ -88,6 +88,11 @@ DEFAULT_MAX_SIZE = 256
 MAX_BYTES = 256 * 2**20
 #: Tensors whose storage holds at most this many bytes are keyed by value (unless they require grad).
 SMALL_TENSOR_BYTES = 1024
+#: Tensors of at most this many elements (CPU, a dtype below) are keyed by their values as numbers.
+_SCALAR_KEY_NUMEL = 16
+#: Dtypes whose values ``tolist`` returns exactly (Python floats are doubles; ints and bools as they are).
+_EXACT_LIST_DTYPES = frozenset({torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
+                                torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool})
 #: Values visited per key at most; a larger reachable state is not cached.
 MAX_VALUES = 512
 
@@ -275,6 +280,15 @@ class _Keyer:
         if type(t) not in (torch.Tensor, torch.nn.Parameter):
             raise _Uncacheable(f"fn reaches a tensor subclass ({type(t).__name__})")
         meta = (t.shape, t.dtype, t.device, t.requires_grad)
+        if (not t.requires_grad and t.device.type == "cpu" and t.layout == torch.strided
+                and t.numel() <= _SCALAR_KEY_NUMEL and t.dtype in _EXACT_LIST_DTYPES
+                and t.untyped_storage().nbytes() <= SMALL_TENSOR_BYTES):
+            # a prior's few numbers (the common case, once per call): read as Python numbers, which
+            # hold float64/float32 values exactly; floats by their hex (-0.0 ≠ 0.0, nan = nan)
+            values = t.tolist() if t.dim() == 0 else t.reshape(-1).tolist()
+            values = values if t.dim() else [values]
+            self.parts.append(("numbers", *meta, tuple(v.hex() if isinstance(v, float) else v for v in values)))
+            return
         if (not t.requires_grad and t.device.type != "meta" and t.layout == torch.strided
                 and t.untyped_storage().nbytes() <= SMALL_TENSOR_BYTES):
             with torch.no_grad():

@@ -61,6 +61,8 @@ class Registry(dict, Generic[V]):
         self.unique = unique
         self._memo: dict = {}
         self._warned: set = set()
+        #: Bumped by every change: what was derived from the registry's contents is stale when it moved.
+        self.generation = 0
 
     # ---------------------------------------------------------------- registration
 
@@ -133,6 +135,7 @@ class Registry(dict, Generic[V]):
     # ---------------------------------------------------------------- every change clears the memo
 
     def _changed(self):
+        self.generation += 1
         self._memo.clear()
         self._warned.clear()
 

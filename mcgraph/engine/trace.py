@@ -148,11 +148,15 @@ class Call(Node):
         return self.func(*tree_map(ev, self.args), **tree_map(ev, self.kwargs))
 
     def constants(self):
-        leaves, _ = tree_flatten((self.args, self.kwargs))
-        out = []
-        for x in leaves:
-            out.extend(x.constants() if isinstance(x, Node) else [x])
-        return tuple(out)
+        # a program is not changed once traced, and a cached trace is evaluated on every call: once
+        cached = self.__dict__.get("_constants")
+        if cached is None:
+            leaves, _ = tree_flatten((self.args, self.kwargs))
+            out = []
+            for x in leaves:
+                out.extend(x.constants() if isinstance(x, Node) else [x])
+            cached = self.__dict__["_constants"] = tuple(out)
+        return cached
 
     def __str__(self):
         inner = ", ".join(str(a) if isinstance(a, Node) else _short(a) for a in self.args)
@@ -170,7 +174,10 @@ class SumNode(Node):
         return out
 
     def constants(self):
-        return tuple(c for p in self.parts for c in p.constants())
+        cached = self.__dict__.get("_constants")
+        if cached is None:
+            cached = self.__dict__["_constants"] = tuple(c for p in self.parts for c in p.constants())
+        return cached
 
     def __str__(self):
         return " + ".join(str(p) for p in self.parts)

@@ -34,6 +34,7 @@ from torch.autograd.function import once_differentiable
 
 from ..families import SamplingForm
 from ..noise import exact_gaussian_statistics, noise_statistics
+from ..shapes import broadcast_shapes
 from ..tuples import TermPlan
 from .sampling import stream_for
 
@@ -283,7 +284,7 @@ def _weighted_sum(pairs, like: torch.Tensor) -> torch.Tensor:
     if isinstance(const, torch.Tensor):
         tensors.append(const)
     in_place = all(t.dtype == out.dtype for t in tensors) and \
-        _broadcast(*(t.shape for t in tensors)) == tuple(out.shape)
+        broadcast_shapes(*(t.shape for t in tensors)) == tuple(out.shape)
     for c, x in rest:
         if isinstance(c, torch.Tensor):
             out = out.addcmul_(c, x) if in_place else torch.addcmul(out, c, x)
@@ -328,21 +329,8 @@ def _to_shape(x: torch.Tensor, shape) -> torch.Tensor:
     """Reduce a broadcast gradient to ``shape`` (expanding first if it is smaller)."""
     if tuple(x.shape) == tuple(shape):
         return x
-    full = _broadcast(x.shape, shape)
+    full = broadcast_shapes(x.shape, shape)
     return x.expand(full).sum_to_size(shape) if full != tuple(x.shape) else x.sum_to_size(shape)
-
-
-def _broadcast(*shapes) -> tuple:
-    """``torch.broadcast_shapes`` for the shapes of existing tensors, without its per-call overhead."""
-    ndim = max(len(s) for s in shapes)
-    out = [1] * ndim
-    for s in shapes:
-        for i, n in enumerate(s, ndim - len(s)):
-            if n != 1:
-                if out[i] not in (1, n):
-                    raise RuntimeError(f"shapes {[tuple(x) for x in shapes]} do not broadcast")
-                out[i] = n
-    return tuple(out)
 
 
 def _merge_coefs(numbers, tensor_coefs) -> list:

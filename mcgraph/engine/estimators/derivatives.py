@@ -433,11 +433,17 @@ class Lowered:
 
 
 def lower(node: Node) -> Lowered | None:
-    """``node`` as a :class:`Lowered` program, or ``None`` when some op has no forward rule."""
+    """``node`` as a :class:`Lowered` program, or ``None`` when some op has no forward rule
+    (lowered once per program and set of rules: a cached trace's nodes are evaluated on every call)."""
+    memo = node.__dict__.get("_lowered")
+    if memo is not None and memo[0] == DERIVATIVES.generation:
+        return memo[1]
     try:
-        return _lower(node)
+        out = _lower(node)
     except NoRule:
-        return None
+        out = None
+    node.__dict__["_lowered"] = (DERIVATIVES.generation, out)
+    return out
 
 
 def missing_rule(node: Node) -> str:

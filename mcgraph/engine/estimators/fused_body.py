@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..shapes import broadcast_shapes
 from .derivatives import Lowered, NoRule, dual
 
 #: One call compiles its chunk body only from this many sample elements (M · numel(h)) on:
@@ -174,10 +175,16 @@ def _align(x: torch.Tensor, ndim: int) -> torch.Tensor:
     return x.reshape((x.shape[0],) + (1,) * extra + tuple(x.shape[1:])) if extra > 0 else x
 
 
+#: Below this many elements a chunk's row sum is ``sum(0)``: the product's set-up costs more there.
+ROW_SUM_MATMUL_MIN = 1 << 16
+
+
 def _row_sum(x: torch.Tensor) -> torch.Tensor:
     """``x.sum(0)`` as one matrix-vector product (several times faster than ``sum(0)`` eagerly on CPU)."""
     if x.shape[0] == 1:
         return x[0]
+    if x.numel() < ROW_SUM_MATMUL_MIN:
+        return x.sum(0)
     flat = x.reshape(x.shape[0], -1)
     with torch.autocast(x.device.type, enabled=False):
         return (torch.ones(x.shape[0], dtype=x.dtype, device=x.device) @ flat).reshape(x.shape[1:])
@@ -191,6 +198,8 @@ def make_body(spec: BodySpec, compiled: bool):
     """
     ndim = spec.out_ndim
     row_sum = (lambda x: x.sum(0)) if compiled else _row_sum
+    # traced shapes are symbolic under the compiler: torch's own there
+    bshapes = torch.broadcast_shapes if compiled else broadcast_shapes
     want_u = spec.want_loc or spec.want_scale
 
     def evaluate(w, w_tangents, tensors, slot_tangents):
@@ -215,7 +224,7 @@ def make_body(spec: BodySpec, compiled: bool):
         if not spec.scaling:
             u = loc + u
         # h's shape for one sample: the sample's broadcast with the program's tensors
-        full = (n,) + tuple(torch.broadcast_shapes(u.shape[1:], *(t.shape for t in tensors)))
+        full = (n,) + tuple(bshapes(u.shape[1:], *(t.shape for t in tensors)))
         u = _align(u, ndim)
         w = u.exp() if spec.transform == "exp" else u
         # directions: d/dw (then times dw/du, the chain rule), then one per wanted captured tensor
