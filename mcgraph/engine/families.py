@@ -278,7 +278,27 @@ def _location_scale(noise: nz.NoiseLaw):
     def rule(d):
         return SamplingForm(noise=noise, loc=d.loc, scale=d.scale, shape=d.batch_shape)
 
+    _PLAIN_LOCATION_SCALE[rule] = noise
     return rule
+
+
+_PLAIN_LOCATION_SCALE: dict = {}  # rule -> noise law, for the rules that read loc and scale alone
+
+
+def location_scale_form(family, loc: torch.Tensor, scale: torch.Tensor) -> SamplingForm | None:
+    """``family_of(family(loc, scale))`` without building the distribution, or ``None``.
+
+    For a class registered itself (not through a base class: a subclass may take other
+    arguments) with one of the built-in location-scale rules, and ``loc`` and ``scale`` of one
+    shape and dtype (the distribution would broadcast nothing): what a Bayesian layer's forward
+    draws from on every call.
+    """
+    if not isinstance(family, type) or loc.shape != scale.shape or loc.dtype != scale.dtype:
+        return None
+    noise = _PLAIN_LOCATION_SCALE.get(FAMILIES.get(family))
+    if noise is None:
+        return None
+    return SamplingForm(noise=noise, loc=loc, scale=scale, shape=loc.shape)
 
 
 register_family(Normal)(_location_scale(nz.STANDARD_NORMAL))

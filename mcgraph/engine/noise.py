@@ -41,6 +41,15 @@ def mix_seed(seed: int, block: int) -> int:
 @contextlib.contextmanager
 def seeded(seed: int, device: torch.device):
     """Run the body with the global generator(s) seeded to ``seed``, restoring them after."""
+    if device.type == "cpu":  # torch.random.fork_rng's work for the CPU generator alone, without its set-up
+        generator = torch.default_generator
+        state = generator.get_state()
+        generator.manual_seed(seed)
+        try:
+            yield
+        finally:
+            generator.set_state(state)
+        return
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
         # Seed only the generators in use: torch.manual_seed also visits every accelerator

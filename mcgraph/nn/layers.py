@@ -44,7 +44,7 @@ from torch.distributions import Distribution
 from torch.nn.modules.utils import _ntuple, _reverse_repeat_tuple
 
 from ..engine import checks
-from ..engine.families import GenericForm, SamplingForm, family_of
+from ..engine.families import GenericForm, SamplingForm, family_of, location_scale_form
 from ..engine.noise import resolve_seed
 from ..engine.stderr import MCEstimate, refuse_with_process_group
 from .context import BayesianModule, NoiseKind, current_capture, current_window, form_noise_global, normal_draw, rademacher
@@ -334,9 +334,19 @@ class BayesLayer(BayesianModule):
             return rows
         return form.sample(rows)
 
+    def _posterior_samples(self, kind: int) -> torch.Tensor:
+        """:meth:`_samples_of` the weight's (``NoiseKind.WEIGHT``) or the bias's posterior; a plain
+        location-scale family's form is built from (μ, σ) directly, without the distribution."""
+        loc, scale = (self.weight_mu, self.weight_sigma) if kind == NoiseKind.WEIGHT else (self.bias_mu,
+                                                                                            self.bias_sigma)
+        form = location_scale_form(self._posterior_factory, loc, scale)
+        if form is None:
+            return self._samples_of(self.posterior if kind == NoiseKind.WEIGHT else self.bias_posterior, kind)
+        return form.sample(self._form_rows(form, kind))
+
     def _sample_bias(self, rows: int, S: int, ndim: int, delta: bool) -> torch.Tensor | None:
         """Per-row bias samples ``(S·rows, C)`` broadcast to the activation (``b_s − μ_b`` if ``delta``)."""
-        b = self._samples_of(self.bias_posterior, NoiseKind.BIAS)
+        b = self._posterior_samples(NoiseKind.BIAS)
         if delta:
             b = b - self.bias_mu
         b = b[:, None, :].expand(S, rows, b.shape[-1]).reshape(S * rows, b.shape[-1])
@@ -362,7 +372,7 @@ class BayesLayer(BayesianModule):
             return self._forward_local(x, S, rows)
         if self.flipout:
             return self._forward_flipout(x, S, rows)
-        w = self._samples_of(self.posterior, NoiseKind.WEIGHT)
+        w = self._posterior_samples(NoiseKind.WEIGHT)
         out = self._op_samples(x, w, S)
         if self.bias is not None:
             out = out + self._channels(self.bias[None], out.dim()).to(out.dtype)  # autocast: as F.linear

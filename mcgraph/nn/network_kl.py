@@ -59,6 +59,13 @@ def kl(model: nn.Module, num_samples: int | None = None, *, seed: int | None = N
         (torch.Size([]), True)
     """
     require_bayesian(model, "mg.nn.kl")
+    return checked_model_kl(model, num_samples, seed=seed, method=method, return_stderr=return_stderr,
+                            process_group=process_group)
+
+
+def checked_model_kl(model: nn.Module, num_samples: int | None = None, *, seed: int | None = None,
+                     method: str = "auto", return_stderr: bool = False, process_group=None):
+    """:func:`kl` once ``model`` is known to hold Bayesian layers and no unconverted foreign ones."""
     num_samples, o = resolve_sampling(num_samples, seed=(seed, None), method=(method, "auto"),
                                       return_stderr=(return_stderr, False), process_group=(process_group, None))
     seed, method, return_stderr, process_group = o["seed"], o["method"], o["return_stderr"], o["process_group"]

@@ -37,6 +37,7 @@ import torch
 from torch.distributions import Distribution, Laplace, LogNormal, Normal, StudentT
 
 from ..engine.registry import Registry
+from ..engine.shapes import broadcast_shapes
 from ..distributions import Horseshoe, Logistic, LogUniform, Radial, ScaleMixtureNormal
 
 __all__ = ["POSTERIORS", "PRIORS", "register_posterior", "register_prior", "resolve_posterior",
@@ -173,7 +174,7 @@ def make_prior(prior, like: torch.Tensor, *, validate: bool = True) -> Distribut
         raise TypeError(f"prior must be a Distribution, a name or a factory, got {type(prior).__name__}")
     shape = dist.batch_shape + dist.event_shape
     try:
-        torch.broadcast_shapes(shape, like.shape)
+        broadcast_shapes(shape, like.shape)
     except RuntimeError:
         raise ValueError(f"prior: shape {tuple(shape)} does not broadcast with the parameter shape "
                          f"{tuple(like.shape)}") from None

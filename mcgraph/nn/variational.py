@@ -37,7 +37,7 @@ from ..engine.noise import mix_seed, resolve_seed
 from ..engine.options import Sampling, resolve_sampling
 from ..engine.stderr import MCEstimate, SampleMoments, refuse_with_process_group
 from .context import bayesian_modules, chunks, sample_run
-from .network_kl import kl as model_kl
+from .network_kl import checked_model_kl
 from .layers import SampleMode
 from .likelihood import LIKELIHOODS, is_per_token, log_likelihood, mask_labels
 from .model_checks import (batch_size, check_batch, check_token_labels, check_token_output, describe_batch,
@@ -192,6 +192,11 @@ def expected_data_term(model: nn.Module, x, y: torch.Tensor | None = None, *, nu
     require_bayesian(model, "mg.nn.expected_data_term", allow_none=True)
     x, y = split_batch(x, y, "mg.nn.expected_data_term")
     check_batch(x, y, "mg.nn.expected_data_term")
+    return _checked_data_term(model, x, y, num_samples, likelihood, noise_std, seed, return_stderr)
+
+
+def _checked_data_term(model, x, y, num_samples, likelihood, noise_std, seed, return_stderr):
+    """:func:`expected_data_term` once ``model`` and the batch are checked."""
     s = _as_sampling(num_samples, "num_samples")
     _, o = resolve_sampling(s, seed=(seed, None), return_stderr=(return_stderr, False))
     seed = checks.seed("seed", o["seed"])
@@ -319,10 +324,11 @@ def elbo_terms(model: nn.Module, x, y: torch.Tensor | None = None, *, num_sample
         raise ValueError("seed: pass a seed with a process_group (the same on every rank; e.g. a function of "
                          "the step), so that the ranks draw the same noise")
     seed = resolve_seed(seed)
-    data = expected_data_term(model, x, y, num_samples=data.replace(seed=None, return_stderr=False),
-                              likelihood=likelihood, noise_std=noise_std, seed=seed, return_stderr=return_stderr)
-    kl_value = model_kl(model, kl_samples, seed=kl.seed if kl.seed is not None else mix_seed(seed, 1 << 20),
-                        method=kl.method or "auto", return_stderr=return_stderr, process_group=kl_process_group)
+    data = _checked_data_term(model, x, y, data.replace(seed=None, return_stderr=False), likelihood, noise_std,
+                              seed, return_stderr)
+    kl_value = checked_model_kl(model, kl_samples, seed=kl.seed if kl.seed is not None else mix_seed(seed, 1 << 20),
+                                method=kl.method or "auto", return_stderr=return_stderr,
+                                process_group=kl_process_group)
     if not return_stderr:
         return ELBOTerms(data - kl_weight * kl_value / dataset_size, data, kl_value)
     (data, data_se, _), (kl_value, kl_se, _) = data, kl_value
