@@ -10,9 +10,11 @@ is its own:
   the K weight samples stacked and one ``vmap(grad(...))`` forward and backward;
 * ``ivon:sequential:K`` — K ``sampled_params(train=True)`` blocks, one forward and backward each
   (``K = 1`` is the plain IVON step);
-* ``vogn:sequential:K`` — ``VOGN.step(closure)`` with ``num_mc_samples=K`` (VOGN's curvature is the
-  per-example squared gradient recorded by module hooks during one backward, which ``vmap`` cannot
-  carry, so VOGN's K samples run one after the other);
+* ``vogn:sequential:K`` — ``VOGN.step(closure)`` with ``num_mc_samples=K``: one closure call per
+  sample, the per-example squared gradients recorded by module hooks;
+* ``vogn:batched:K`` — ``VOGN.step_samples(loss_fn, vectorize=True)``: the K weight samples stacked,
+  one ``vmap(grad(...))`` forward and backward, the squared gradients from zero probes on the layers'
+  outputs (:mod:`mcgraph.optim.batched_samples`);
 * ``adam:sequential:1`` — ``torch.optim.Adam``, for scale.
 
 Measured per point: ``step_s`` / ``cpu_s``, the median wall-clock and thread-CPU time of
@@ -50,7 +52,7 @@ from mcgraph.apps import atomic_io
 from mcgraph.apps.bench.records import git_commit
 
 POINTS = ("adam:sequential:1", "ivon:sequential:1", "ivon:batched:2", "ivon:batched:4", "ivon:batched:8",
-          "ivon:sequential:8", "vogn:sequential:1", "vogn:sequential:8")
+          "ivon:sequential:8", "vogn:sequential:1", "vogn:batched:8", "vogn:sequential:8")
 INTERLEAVED = ("ivon:sequential:1", "ivon:batched:8", "ivon:sequential:8")
 
 
@@ -62,8 +64,8 @@ def parse(point: str) -> tuple[str, str, int]:
         raise ValueError(f"point must be optimizer:path:K, got {point!r}") from None
     if optimizer not in ("ivon", "vogn", "adam") or path not in ("batched", "sequential") or k < 1:
         raise ValueError(f"point: unknown optimizer or path, or K < 1: {point!r}")
-    if path == "batched" and optimizer != "ivon":
-        raise ValueError(f"point: only ivon has a batched path, got {point!r}")
+    if path == "batched" and optimizer == "adam":
+        raise ValueError(f"point: adam has no batched path, got {point!r}")
     return optimizer, path, k
 
 
@@ -88,8 +90,12 @@ def stepper(point: str, seed: int = 0):
             loss.backward()
             return loss
 
-        def step():
-            opt.step(closure)
+        if path == "batched":
+            def step():
+                opt.step_samples(lambda: F.cross_entropy(model(x), y), vectorize=True)
+        else:
+            def step():
+                opt.step(closure)
     elif path == "batched":
         opt = mg.optim.IVON(model, lr=0.1, ess=elbo_peers.DATASET, mc_samples=k, seed=seed)
 
@@ -191,6 +197,12 @@ def summary(rows: list[dict]) -> list[str]:
     if top:
         t, m = top["cpu_s"] / base["cpu_s"], top["peak_rss_bytes"] / base["peak_rss_bytes"]
         lines.append(f"ivon K=8 batched / K=1: cpu time {t:.2f}x (target <= 3: {'met' if t <= 3 else 'NOT met'}), "
+                     f"peak RSS {m:.2f}x (target <= 1.5: {'met' if m <= 1.5 else 'NOT met'})")
+    vogn_one, vogn_top = by.get("vogn:sequential:1"), by.get("vogn:batched:8")
+    if vogn_one and vogn_top:
+        t = vogn_top["cpu_s"] / vogn_one["cpu_s"]
+        m = vogn_top["peak_rss_bytes"] / vogn_one["peak_rss_bytes"]
+        lines.append(f"vogn K=8 batched / K=1: cpu time {t:.2f}x (target <= 3: {'met' if t <= 3 else 'NOT met'}), "
                      f"peak RSS {m:.2f}x (target <= 1.5: {'met' if m <= 1.5 else 'NOT met'})")
     if "interleaved" in by:
         it = by["interleaved"]

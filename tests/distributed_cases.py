@@ -173,7 +173,8 @@ def ddp_case(group, steps: int = 3) -> dict:
 
 
 def optim_cases(group, steps: int = 3) -> dict:
-    """VOGN and adaptive VB: K = 3 samples split over the ranks, or the batch split over them."""
+    """VOGN (closure and batched samples) and adaptive VB: K = 3 samples split over the ranks, or the batch split
+    over them."""
     from mcgraph.optim import VOGN, AdaptiveVB
 
     world = 1 if group is None else dist.get_world_size(group)
@@ -181,7 +182,7 @@ def optim_cases(group, steps: int = 3) -> dict:
     out = {}
     g = torch.Generator().manual_seed(7)
     x, y = torch.randn(12, 5, generator=g, dtype=torch.float64), torch.randint(0, 3, (12,), generator=g)
-    for cls in (VOGN, AdaptiveVB):
+    for cls, path in ((VOGN, "closure"), (VOGN, "batched"), (AdaptiveVB, "closure")):
         for parallel in ("samples", "data"):
             torch.manual_seed(8)
             model = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.Tanh(),
@@ -197,8 +198,11 @@ def optim_cases(group, steps: int = 3) -> dict:
                 return loss
 
             for _ in range(steps):
-                opt.step(closure)
-            key = f"optim/{cls.__name__}/{parallel}/float64"
+                if path == "batched":  # the rank's samples in one vmapped pass (VOGN.step_samples)
+                    opt.step_samples(lambda: torch.nn.functional.cross_entropy(model(xs), ys), vectorize=True)
+                else:
+                    opt.step(closure)
+            key = f"optim/{cls.__name__}/{parallel}/float64" + ("/batched" if path == "batched" else "")
             out[key] = torch.cat([p.detach().reshape(-1) for p in model.parameters()]
                                  + [t.reshape(-1) for st in opt.state.values() for t in st.values()
                                     if isinstance(t, torch.Tensor) and t.is_floating_point()])

@@ -132,3 +132,14 @@ def test_resume_is_bitwise_exact(tmp_path, extra):
     assert all(torch.equal(x, y) for x, y in zip(flat(a["snapshots"]), flat(b["snapshots"])))
     rows = [json.loads(line) for line in (again / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [2, 3]  # a fresh directory: the resumed epochs only
+
+
+def test_vogn_cli_batched_samples_stop_on_a_nonfinite_data_term_without_writing(tmp_path, monkeypatch, capsys):
+    """``--mc-samples 2`` steps through VOGN.step_samples: a non-finite data term at step 2 stops the run (exit 3,
+    the step named, no checkpoint), as the closure path does."""
+    monkeypatch.setenv("MCGRAPH_FAULT_NONFINITE", "2:data")
+    out = tmp_path / "stop"
+    assert mtrain.main(COMMON + ["--optimizer", "vogn", "--lr", "5e-3", "--mc-samples", "2", "--epochs", "1",
+                                 "--eval-every", "0", "--out", str(out)]) == 3
+    assert "step 2: the data term is not finite" in capsys.readouterr().err
+    assert not (out / "checkpoint.pt").exists()

@@ -455,3 +455,100 @@ def test_vogn_fails_loudly_when_the_first_sample_swamps_the_network():
     assert all(torch.equal(p, b) for p, b in zip(net.parameters(), before))
     opt = VOGN(net, dataset_size=20, damping=0.0, seed=0, check_noise=False)
     opt.step(_closure(opt, net, x, y))
+
+
+# --------------------------------------------------------------------------- K samples in one vmapped pass
+
+
+def _conv(seed=0, batchnorm=False):
+    torch.manual_seed(seed)
+    layers = [nn.Conv2d(1, 2, 3)] + ([nn.BatchNorm2d(2)] if batchnorm else []) + [
+        nn.ReLU(), nn.Flatten(), nn.Linear(2 * 4 * 4, 3)]
+    return nn.Sequential(*layers).to(DT)
+
+
+def _pair(make, **kw):
+    """Two copies of one network and a VOGN on each (the same seed: the same noise)."""
+    a, b = make(), make()
+    b.load_state_dict(a.state_dict())
+    opts = [VOGN(m, 50, lr=0.05, seed=3, check_noise=False, **kw) for m in (a, b)]
+    return (a, opts[0]), (b, opts[1])
+
+
+def _loss(model, x, y, reduction="mean"):
+    return lambda: F.cross_entropy(model(x), y, reduction=reduction)
+
+
+def _assert_same_state(oa, a, ob, b, rtol=1e-12, atol=1e-14):
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, rtol=rtol, atol=atol)
+        for key in ("precision", "momentum"):
+            torch.testing.assert_close(oa.state[p][key], ob.state[q][key], rtol=rtol, atol=atol)
+    assert oa.counters == ob.counters
+
+
+@pytest.mark.parametrize("case", ["mlp", "mlp-sum", "conv", "conv-batchnorm-eval", "mlp-chunks-of-1",
+                                  "mlp-given-precision"])
+def test_batched_samples_take_the_step_of_k_closure_calls_on_the_same_noise(case):
+    """step_samples (vmap over the K weight samples, curvature from output probes) against step (K closure
+    calls with hooks): the same weights, momentum and precision over three steps, float64 rounding apart."""
+    reduction = "sum" if case.endswith("sum") else "mean"
+    kw = {"num_mc_samples": 4}
+    if case == "mlp-given-precision":
+        kw["init_precision"] = 0.2
+    if case.startswith("conv"):
+        make = lambda: _conv(4, batchnorm="batchnorm" in case)  # noqa: E731
+        x, y = torch.randn(6, 1, 6, 6, dtype=DT), torch.randint(0, 3, (6,))
+    else:
+        make = lambda: _tiny(4)  # noqa: E731
+        x, y = _data(seed=4)
+    (a, oa), (b, ob) = _pair(make, loss_reduction=reduction, **kw)
+    if "batchnorm" in case:
+        a.eval(), b.eval()
+    chunk = 1 if case.endswith("chunks-of-1") else 3
+    for _ in range(3):
+        la = oa.step_samples(_loss(a, x, y, reduction), vectorize=True, chunk_size=chunk)
+        lb = ob.step(_closure(ob, b, x, y, reduction))
+        torch.testing.assert_close(la, lb, rtol=1e-12, atol=1e-14)
+    _assert_same_state(oa, a, ob, b)
+    for p, q in zip(a.parameters(), b.parameters()):  # ĝ of the last step, as step leaves it
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-14)
+
+
+def test_batched_samples_fall_back_where_vmap_cannot_run_the_model():
+    """BatchNorm with batch statistics: vectorize=None takes the closure path (the same step, no trace of the
+    refused attempt in the state); vectorize=True names the layer."""
+    x, y = torch.randn(6, 1, 6, 6, dtype=DT), torch.randint(0, 3, (6,))
+    (a, oa), (b, ob) = _pair(lambda: _conv(5, batchnorm=True), num_mc_samples=3)
+    for _ in range(2):
+        oa.step_samples(_loss(a, x, y))
+        ob.step(_closure(ob, b, x, y))
+    _assert_same_state(oa, a, ob, b, rtol=0, atol=0)
+    for m, n in zip(a.buffers(), b.buffers()):  # the running statistics saw one pass per sample, as in step
+        assert torch.equal(m, n)
+    from mcgraph.optim.batched_samples import Unbatchable
+
+    with pytest.raises(Unbatchable, match="1: BatchNorm in training mode"):
+        oa.step_samples(_loss(a, x, y), vectorize=True)
+
+
+def test_a_layer_called_twice_per_forward_is_run_sample_by_sample():
+    torch.manual_seed(6)
+    shared = nn.Linear(3, 3).to(DT)
+    model = nn.Sequential(shared, nn.Tanh(), shared, nn.Linear(3, 2).to(DT))
+    twin = copy.deepcopy(model)
+    x, y = _data(seed=6)
+    oa, ob = (VOGN(m, 50, num_mc_samples=2, seed=1, check_noise=False) for m in (model, twin))
+    oa.step_samples(_loss(model, x, y))
+    ob.step(_closure(ob, twin, x, y))
+    _assert_same_state(oa, model, ob, twin, rtol=0, atol=0)
+
+
+def test_step_samples_arguments():
+    x, y = _data()
+    model = _tiny()
+    opt = VOGN(model, 50, num_mc_samples=2, seed=0, check_noise=False)
+    with pytest.raises(ValueError, match="chunk_size"):
+        opt.step_samples(_loss(model, x, y), chunk_size=0)
+    one = VOGN(_tiny(), 50, seed=0, check_noise=False)  # K = 1: the closure path, which needs no vmap
+    assert torch.isfinite(one.step_samples(_loss(one.model, x, y)))

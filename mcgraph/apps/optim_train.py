@@ -9,7 +9,9 @@ The plain network of ``--model`` (never bayesified) is trained with cross-entrop
   (:meth:`~mcgraph.optim.IVON.step_samples`; a loop where vmap refuses the model); the posterior
   predictive is ``optimizer.posterior_model()``;
 * ``vogn`` — :class:`~mcgraph.optim.VOGN` (``--mc-samples``, ``--prior-precision``, ``--damping``,
-  ``--tempering``, ``--betas``, …); the posterior predictive is ``optimizer.posterior_model()``;
+  ``--tempering``, ``--betas``, …); with ``--mc-samples`` K > 1 the K samples run as one batched forward
+  and backward (:meth:`~mcgraph.optim.VOGN.step_samples`; one closure call per sample where vmap refuses
+  the model); the posterior predictive is ``optimizer.posterior_model()``;
 * ``adaptive-vb`` — :class:`~mcgraph.optim.AdaptiveVB` (``--avb-form gaussian``, the default:
   ``--alpha``, ``--warmup-steps``, ``--curvature``) or :class:`~mcgraph.optim.AdaptiveSGHMC`
   (``--avb-form sghmc``: ``--cycles`` of the cyclical cosine rate, ``--snapshots-per-cycle``
@@ -409,6 +411,14 @@ class OptimizerTraining:
                 optimizer.counters["skipped"] += 1
                 print(f"ivon: step {step + 1}: {skipped}; the step was skipped", file=sys.stderr, flush=True)
                 loss = math.nan
+        elif self.kind == "vogn" and optimizer.num_mc_samples > 1:  # K samples batched where vmap allows
+            skipped = optimizer.skipped_steps
+            loss = float(optimizer.step_samples(lambda: self._data_term(xb, yb, step)))
+            if args.on_nonfinite == "stop":  # the closure path's checks, after the samples (the run ends unwritten)
+                base.check_finite(step + 1, data_term=torch.tensor(loss))
+                if optimizer.skipped_steps > skipped:
+                    raise base.TrainingDiverged(f"step {step + 1}: the gradient or curvature of a weight sample is "
+                                                f"not finite (the data term, {loss:.6g}, is); nothing was written")
         else:
             loss = float(_loss_step(self.kind, optimizer, closure, self.spike_slab, args.on_nonfinite))
         if self.scheduler is not None:

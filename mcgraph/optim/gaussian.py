@@ -52,6 +52,10 @@ from ._checks import choice, positive_int, positive_real
 from ._state import CountedOptimizer
 from .per_example import RULES, SquaredGradients, rule_for
 
+#: Numbers of stacked weight samples per vmapped pass of :meth:`GaussianVariationalOptimizer._collect_batched`
+#: by default (K·P at most this, at least one sample).
+CHUNK_ELEMENTS = 1 << 22
+
 __all__ = ["GaussianVariationalOptimizer", "check_model", "posterior_model"]
 
 LOSS_REDUCTIONS = ("mean", "sum")
@@ -258,6 +262,61 @@ class GaussianVariationalOptimizer(CountedOptimizer):
         finally:
             for p, mu in zip(params, means):
                 p.copy_(mu)
+        return self._reduced(params, g_acc, h_acc, loss_acc, curvature)
+
+    def _collect_batched(self, loss_fn: Callable[[], torch.Tensor], sigmas: list, num_samples: int, draw: int,
+                         chunk_size: int | None):
+        """:meth:`_collect` at ``num_samples`` samples (always with curvature), ``chunk_size`` of them per
+        vmapped forward and backward (:func:`~mcgraph.optim.batched_samples.sample_squared_gradients`).
+
+        ``loss_fn()`` returns the batch's loss without calling ``backward()``. Each sample's weights,
+        noise and statistics are those of :meth:`_collect` (the same ``noise(draw, k)``, the same
+        scaling by the batch size); the parameters are never modified.
+
+        Raises:
+            Unbatchable: vmap cannot evaluate the model (nothing was recorded).
+        """
+        from .batched_samples import sample_squared_gradients
+
+        flat = self._flat()
+        params = [p for p, _ in flat]
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        indices = list(self._sample_indices(num_samples))
+        if chunk_size is None:
+            numel = sum(p.numel() for p in params)
+            chunk_size = max(1, min(len(indices) or 1, CHUNK_ELEMENTS // max(1, numel)))
+        g_acc = [torch.zeros_like(p) for p in params]
+        h_acc = [torch.zeros_like(p) for p in params]
+        loss_acc = None
+        for start in range(0, len(indices), chunk_size):
+            chunk = indices[start:start + chunk_size]
+            rows = [self.noise(draw, k) for k in chunk]
+            stacked = {}
+            for j, (p, sigma) in enumerate(zip(params, sigmas)):
+                if rows[0][j] is None:
+                    w = p.detach().expand((len(chunk),) + tuple(p.shape))
+                else:
+                    w = torch.stack([p.detach() + sigma * r[j] for r in rows])
+                    mask = self._mask(p)
+                    w = w if mask is None else w * mask
+                stacked[names[id(p)]] = w
+            grads, squared, losses, n = sample_squared_gradients(self.model, self._modules, loss_fn, stacked)
+            if n is None:
+                raise ValueError("loss_fn: no supported layer of the model ran a forward pass (loss_fn must call "
+                                 "the model)")
+            g_scale = 1.0 if self.loss_reduction == "mean" else 1.0 / n
+            h_scale = n if self.loss_reduction == "mean" else 1.0 / n
+            for i, p in enumerate(params):
+                g_acc[i].add_(grads[names[id(p)]].sum(0), alpha=g_scale / num_samples)
+                for sums in squared:
+                    if names[id(p)] in sums:
+                        h_acc[i].add_(sums[names[id(p)]], alpha=h_scale / num_samples)
+            part = losses.sum() / num_samples
+            loss_acc = part if loss_acc is None else loss_acc + part
+        return self._reduced(params, g_acc, h_acc, loss_acc, True)
+
+    def _reduced(self, params: list, g_acc: list, h_acc: list | None, loss_acc, curvature: bool):
+        """The samples' averages through :meth:`_reduce_statistics`; ``p.grad`` set to ĝ. ``(loss, ĝ, ĥ)``."""
         if loss_acc is None:  # this process evaluated no sample (parallel="samples", K < processes)
             loss_acc = torch.zeros((), dtype=params[0].dtype, device=params[0].device)
         reduced = self._reduce_statistics(g_acc + (h_acc or []) + [loss_acc])

@@ -44,13 +44,15 @@ at μ, i.e. when the posterior noise swamps the network and training would end n
 A step whose gradients, curvature or new state are not finite is skipped with a
 ``RuntimeWarning``; parameters and state are left unchanged (:attr:`skipped_steps`).
 
-**Many samples per step.** The K samples run one after the other, one closure call each (unlike
-:meth:`mcgraph.optim.IVON.step_samples`, which batches them with ``torch.func.vmap``): ĥ is the
-per-example squared gradient that module hooks record during the backward
-(:class:`~mcgraph.optim.SquaredGradients`), and hooks that keep a layer's input and output gradient
-cannot run under vmap (the recorded tensors would leave the transform); batching the samples by
-repeating the batch, as :mod:`mcgraph.nn` does, would need the loss as (output, target) rather than a
-closure. With ``process_group`` and ``parallel="samples"`` the K samples are spread over the ranks.
+**Many samples per step.** :meth:`VOGN.step` runs the closure once per sample (ĝ and ĥ from module
+hooks, :class:`~mcgraph.optim.SquaredGradients`). :meth:`VOGN.step_samples` takes a loss function instead
+(the loss without ``backward()``) and evaluates the K samples together, as
+:meth:`mcgraph.optim.IVON.step_samples` does: the weight samples are stacked along a leading axis and one
+``torch.func.vmap(grad(...))`` forward and backward per chunk gives every sample's gradient; ĥ comes from
+zero probes added to each layer's output, whose gradients are the layer's per-example output gradients
+(:mod:`mcgraph.optim.batched_samples`). The same noise and the same step as :meth:`step`, to float
+rounding; models vmap refuses (BatchNorm in training mode) fall back to the closure path. With
+``process_group`` and ``parallel="samples"`` the K samples are spread over the ranks (both paths).
 
 Example:
     >>> import torch, torch.nn.functional as F, mcgraph as mg
@@ -82,7 +84,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ._checks import non_negative_real, positive_real, real_in
+from ._checks import non_negative_real, positive_int, positive_real, real_in
 from .gaussian import GaussianVariationalOptimizer
 
 __all__ = ["VOGN", "VOGNVariant"]
@@ -225,6 +227,82 @@ class VOGN(GaussianVariationalOptimizer):
         (mean over the batch) and calls ``backward()``; it is called ``K`` times (``K + 1``
         on the first step when ``init_precision`` is ``None``).
         """
+        return self._step(closure, lambda sigmas, draw: self._collect(closure, sigmas, self.num_mc_samples, draw,
+                                                                     curvature=True))
+
+    def step_samples(self, loss_fn: Callable[[], torch.Tensor], *, vectorize: bool | None = None,
+                     chunk_size: int | None = None) -> torch.Tensor:
+        """One VOGN step from K weight samples evaluated together; returns their mean loss.
+
+        ``loss_fn()`` calls the model and returns the batch's loss (mean, or sum with
+        ``loss_reduction="sum"``) **without** calling ``backward()``. With ``vectorize`` (default: when
+        K > 1 and the model allows it) the samples run ``chunk_size`` at a time as one batched forward
+        and backward each (``torch.func.vmap`` over the stacked weight samples; the per-example squared
+        gradients from zero probes on the layers' outputs, see :mod:`mcgraph.optim.batched_samples`).
+        Otherwise, or when vmap refuses the model (BatchNorm in training mode, a layer called twice per
+        forward) and ``vectorize`` is ``None``, the step is :meth:`step` with a closure around
+        ``loss_fn``. Both give the same step on the same noise, up to float rounding.
+
+        Memory: a chunk of S samples holds S stacked weight samples and their gradients (about
+        ``2·S·P`` numbers) beside S times the batch's activations.
+
+        Args:
+            loss_fn: the loss of the current batch through the model's forward.
+            vectorize: ``True`` (vmap or raise), ``False`` (one closure call per sample), ``None``
+                (vmap when K > 1 and possible).
+            chunk_size: samples per batched pass (default: all K while ``K·P`` ≤ 2²² numbers, else as
+                many as fit in that).
+
+        Raises:
+            mcgraph.optim.batched_samples.Unbatchable: ``vectorize=True`` and vmap cannot run the model.
+
+        Example:
+            >>> import torch, torch.nn.functional as F, mcgraph as mg
+            >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+            >>> x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+            >>> opt = mg.optim.VOGN(net, dataset_size=16, num_mc_samples=8, seed=0)
+            >>> loss = opt.step_samples(lambda: F.cross_entropy(net(x), y))
+        """
+        from .batched_samples import Unbatchable, check_batchable
+
+        if chunk_size is not None:
+            chunk_size = positive_int("chunk_size", chunk_size)
+
+        def closure():
+            loss = loss_fn()
+            loss.backward()
+            return loss
+
+        if vectorize is False or (vectorize is None and self.num_mc_samples == 1):
+            return self.step(closure)
+        try:
+            check_batchable(self.model)  # before the initialisation pass runs the model once
+        except Unbatchable:
+            if vectorize:
+                raise
+            return self.step(closure)
+        counters = dict(self.counters)
+        precision = {p: self.state[p].get("precision") for p, _ in self._flat()}
+        buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
+        try:
+            return self._step(closure, lambda sigmas, draw: self._collect_batched(
+                loss_fn, sigmas, self.num_mc_samples, draw, chunk_size))
+        except Unbatchable:
+            if vectorize:
+                raise
+        # nothing was committed: forget the initialisation pass, if any, and take the step sample by sample
+        self.counters.update(counters)
+        for n, b in self.model.named_buffers():
+            b.copy_(buffers[n])
+        for p, value in precision.items():
+            if value is None:
+                self.state[p].pop("precision", None)
+            else:
+                self.state[p]["precision"] = value
+        return self.step(closure)
+
+    @torch.no_grad()
+    def _step(self, closure: Callable[[], torch.Tensor], collect) -> torch.Tensor:
         mean_loss = None
         if not self.counters["initialized"]:
             mean_loss, _, h = self._collect(closure, None, 1, self.counters["draws"], curvature=True)
@@ -239,7 +317,7 @@ class VOGN(GaussianVariationalOptimizer):
             self.counters["initialized"] = True
         draw = self.counters["draws"]
         self.counters["draws"] += 1
-        loss, g, h = self._collect(closure, self._sigmas(), self.num_mc_samples, draw, curvature=True)
+        loss, g, h = collect(self._sigmas(), draw)
         if mean_loss is not None and self.check_noise:
             self._check_noise(float(mean_loss), float(loss))
         step = self.counters["step"] + 1
