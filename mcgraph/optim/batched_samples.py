@@ -82,9 +82,9 @@ def sample_squared_gradients(model: nn.Module, modules: list[nn.Module], loss_fn
 
     Returns:
         ``(grads, squared, losses, batch_size)``: ``grads`` is ``{name: (S, *shape)}`` (the loss's
-        gradient at each sample), ``squared`` a list of S dicts ``{name: Σ_i p_i²}`` (the names of
-        the parameters of ``modules``), ``losses`` the ``(S,)`` losses, ``batch_size`` the layers'
-        batch size (dim 0 of their inputs).
+        gradient at each sample), ``squared`` ``{name: Σ_k Σ_i p_ki²}`` summed over the S samples (the
+        names of the parameters of ``modules``), ``losses`` the ``(S,)`` losses, ``batch_size`` the
+        layers' batch size (dim 1 of their stacked inputs).
 
     Raises:
         Unbatchable: the model cannot run under vmap this way (the caller falls back to a loop).
@@ -125,18 +125,17 @@ def sample_squared_gradients(model: nn.Module, modules: list[nn.Module], loss_fn
         raise
     except Exception as e:  # noqa: BLE001 -- an op or module vmap refuses
         raise Unbatchable(f"vmap refused the model: {e}") from e
-    samples = losses.shape[0]
-    squared = []
-    for k in range(samples):
-        sums = {}
-        for name, m in chosen.values():
-            if name not in inputs:
-                continue
-            prefix = f"{name}." if name else ""
-            for key, value in rule_for(m).squared_sum(m, inputs[name][k], output_grads[name][k]).items():
-                sums[prefix + key] = value
-        squared.append(sums)
-    sizes = {int(a.shape[1]) for a in inputs.values()}
+    squared = {}
+    for name, m in chosen.values():
+        if name not in inputs:
+            continue
+        # the S samples' examples as one batch: Σ over samples and examples of p², one product per layer
+        a, b = inputs[name], output_grads[name]
+        a, b = a.reshape((-1,) + tuple(a.shape[2:])), b.reshape((-1,) + tuple(b.shape[2:]))
+        prefix = f"{name}." if name else ""
+        for key, value in rule_for(m).squared_sum(m, a, b).items():
+            squared[prefix + key] = value
+    sizes = {int(a.shape[1]) for a in inputs.values()}  # (S, batch, …)
     if len(sizes) > 1:
         raise ValueError(f"model: the supported layers saw different batch sizes {sorted(sizes)}; every layer's "
                          "input must have the batch on dim 0")

@@ -159,22 +159,24 @@ class GaussianVariationalOptimizer(CountedOptimizer):
     def _flat(self) -> list[tuple[nn.Parameter, dict]]:
         return [(p, g) for g in self.param_groups for p in g["params"]]
 
-    def noise(self, draw: int, sample: int) -> list[torch.Tensor | None]:
+    def noise(self, draw: int, sample: int, out: list | None = None) -> list[torch.Tensor | None]:
         """ε of sample ``sample`` of noise draw ``draw`` for every parameter (``None`` where not sampled).
 
         Parameter ``j`` (in param-group order) uses the seed ``mix(mix(mix(seed, draw), sample), j)``,
-        so the noise depends only on ``(seed, draw, sample, j)``.
+        so the noise depends only on ``(seed, draw, sample, j)``. ``out``: per parameter, a tensor of its
+        shape to draw into (the same numbers), or ``None``.
         """
         base = mix_seed(mix_seed(self.seed, draw), sample)
-        out = []
+        eps = []
         for j, (p, group) in enumerate(self._flat()):
             if not group["sample"]:
-                out.append(None)
+                eps.append(None)
                 continue
             gen = self._generator(p.device)
             gen.manual_seed(mix_seed(base, j))
-            out.append(torch.randn(p.shape, generator=gen, dtype=p.dtype, device=p.device))
-        return out
+            eps.append(torch.randn(p.shape, generator=gen, dtype=p.dtype, device=p.device,
+                                   out=None if out is None else out[j]))
+        return eps
 
     def _prior_precision(self, p: nn.Parameter, group: dict) -> torch.Tensor | float:
         """δ of ``p`` on the full-data scale: the spike-and-slab precision where it covers ``p``, else the group's."""
@@ -288,19 +290,26 @@ class GaussianVariationalOptimizer(CountedOptimizer):
         g_acc = [torch.zeros_like(p) for p in params]
         h_acc = [torch.zeros_like(p) for p in params]
         loss_acc = None
+        sampled = [group["sample"] for _, group in flat]
         for start in range(0, len(indices), chunk_size):
             chunk = indices[start:start + chunk_size]
-            rows = [self.noise(draw, k) for k in chunk]
+            # the samples' noise drawn into (S, *shape) rows, then w = μ + σ·ε in place (as _collect forms it)
+            rows = [torch.empty((len(chunk),) + tuple(p.shape), dtype=p.dtype, device=p.device) if s else None
+                    for p, s in zip(params, sampled)]
+            for i, k in enumerate(chunk):
+                self.noise(draw, k, out=[None if r is None else r[i] for r in rows])
             stacked = {}
-            for j, (p, sigma) in enumerate(zip(params, sigmas)):
-                if rows[0][j] is None:
+            for p, sigma, w in zip(params, sigmas, rows):
+                if w is None:
                     w = p.detach().expand((len(chunk),) + tuple(p.shape))
                 else:
-                    w = torch.stack([p.detach() + sigma * r[j] for r in rows])
+                    w.mul_(sigma).add_(p.detach())
                     mask = self._mask(p)
-                    w = w if mask is None else w * mask
+                    w = w if mask is None else w.mul_(mask)
                 stacked[names[id(p)]] = w
+            del rows
             grads, squared, losses, n = sample_squared_gradients(self.model, self._modules, loss_fn, stacked)
+            del stacked
             if n is None:
                 raise ValueError("loss_fn: no supported layer of the model ran a forward pass (loss_fn must call "
                                  "the model)")
@@ -308,9 +317,8 @@ class GaussianVariationalOptimizer(CountedOptimizer):
             h_scale = n if self.loss_reduction == "mean" else 1.0 / n
             for i, p in enumerate(params):
                 g_acc[i].add_(grads[names[id(p)]].sum(0), alpha=g_scale / num_samples)
-                for sums in squared:
-                    if names[id(p)] in sums:
-                        h_acc[i].add_(sums[names[id(p)]], alpha=h_scale / num_samples)
+                if names[id(p)] in squared:
+                    h_acc[i].add_(squared[names[id(p)]], alpha=h_scale / num_samples)
             part = losses.sum() / num_samples
             loss_acc = part if loss_acc is None else loss_acc + part
         return self._reduced(params, g_acc, h_acc, loss_acc, True)
