@@ -345,11 +345,13 @@ class BayesLayer(BayesianModule):
         return form.sample(self._form_rows(form, kind))
 
     def _sample_bias(self, rows: int, S: int, ndim: int, delta: bool) -> torch.Tensor | None:
-        """Per-row bias samples ``(S·rows, C)`` broadcast to the activation (``b_s − μ_b`` if ``delta``)."""
+        """Per-row bias samples ``(S·rows, C)`` broadcast to the activation (``b_s − μ_b`` if ``delta``);
+        ``(1, C)`` for one sample."""
         b = self._posterior_samples(NoiseKind.BIAS)
         if delta:
             b = b - self.bias_mu
-        b = b[:, None, :].expand(S, rows, b.shape[-1]).reshape(S * rows, b.shape[-1])
+        if S > 1:  # one sample's bias broadcasts over the rows as it is (no copy, two graph nodes fewer)
+            b = b[:, None, :].expand(S, rows, b.shape[-1]).reshape(S * rows, b.shape[-1])
         return self._channels(b, ndim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -253,7 +253,7 @@ def _expected_data_term(model, x, y, num_samples, likelihood, noise_std, seed, c
                              f"{tuple(y.shape)} + (K,) (K classes); {describe_batch(x)} gives an output "
                              f"of shape {tuple(out.shape[1:])}")
         size = stop - start
-        target = y.repeat(size, *([1] * (y.dim() - 1)))
+        target = y if size == 1 else y.repeat(size, *([1] * (y.dim() - 1)))
         ll = log_likelihood(likelihood, out.reshape(size * batch, *out.shape[2:]), target, noise_std)
         return ll.reshape(size, batch).sum(1) / batch  # per-sample values (S,)
 
