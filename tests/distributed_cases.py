@@ -40,6 +40,19 @@ def _params(shape, dtype):
     return mu, rho
 
 
+def _on_backend(name: str, call):
+    """``call()`` with ``MCGRAPH_BACKEND=name`` (the engine reads it on every call)."""
+    before = os.environ.get("MCGRAPH_BACKEND")
+    os.environ["MCGRAPH_BACKEND"] = name
+    try:
+        return call()
+    finally:
+        if before is None:
+            del os.environ["MCGRAPH_BACKEND"]
+        else:
+            os.environ["MCGRAPH_BACKEND"] = before
+
+
 def engine_cases(group, sizes=(1, 2, 7, 64), dtypes=(torch.float64, torch.float32)) -> dict:
     """Every tier of mg.expectation / mg.kl_divergence: value and gradients per (tier, dtype, M)."""
     out = {}
@@ -71,6 +84,9 @@ def engine_cases(group, sizes=(1, 2, 7, 64), dtypes=(torch.float64, torch.float3
             "kl-normal-scalemix": lambda m, s: mg.kl_divergence(
                 normal(), mg.distributions.ScaleMixtureNormal(0.5, 1.0, 0.01), m, seed=s,
                 process_group=group),
+            "kl-radial-normal-mc-philox": lambda m, s: _on_backend("cpu-philox", lambda: mg.kl_divergence(
+                radial(), torch.distributions.Normal(0.0, 1.0), m, seed=s, method="monte-carlo",
+                process_group=group)),  # each rank sums its window in the compiled Radial pass
             "kl-radial-entropy-mc": lambda m, s: mg.kl_divergence(
                 radial(), mg.distributions.ScaleMixtureNormal(0.5, 1.0, 0.01), m, seed=s, method="chunked",
                 chunk_size=2, process_group=group),

@@ -524,6 +524,28 @@ def test_radial_statistics_equal_statistics_of_own_rows(dtype, rtol, shape, even
         torch.testing.assert_close(fused[(a, 0)], (xi ** a).mean(0).to(dtype), rtol=rtol, atol=rtol)
 
 
+@pytest.mark.parametrize("dtype, rtol", [(F64, 1e-12), (torch.float32, 2e-5)])
+def test_radial_sums_over_windows_are_the_statistics_times_m(dtype, rtol):
+    """A process's window [start, stop) of the Radial stream, summed by the compiled pass: windows that
+    partition [0, M) (an empty one included) add up to M times the statistics, and each window's sums are
+    those of its own rows."""
+    shape, keys, m = (5, 12), ((1, 0), (2, 0), (3, 0)), 37
+    whole = cpu_philox.radial_statistics(shape, m, 4, keys, dtype, event_ndims=1)
+    cuts = [(0, 11), (11, 11), (11, 30), (30, 37)]
+    parts = [cpu_philox.radial_sums(shape, 4, keys, dtype, start=a, stop=b, event_ndims=1, chunk_size=6)
+             for a, b in cuts]
+    for key in keys:
+        total = sum(p[key] for p in parts)
+        assert total.dtype == F64 and total.shape == (60,)
+        torch.testing.assert_close((total / m).reshape(shape).to(dtype), whole[key], rtol=rtol, atol=rtol)
+    xi = cpu_philox.rows("radial", shape, 11, 30, 4, dtype, event_ndims=1).double()
+    for a, _ in keys:
+        torch.testing.assert_close(parts[2][(a, 0)], (xi ** a).sum(0).reshape(-1), rtol=rtol, atol=rtol)
+    assert cpu_philox.radial_sums(shape, 4, ((1, 1),), dtype, start=0, stop=5) is None  # logs: not covered
+    with pytest.raises(ValueError, match="start, stop"):
+        cpu_philox.radial_sums(shape, 4, keys, dtype, start=5, stop=2)
+
+
 def test_radial_kl_same_seed_across_methods_and_auto_selection(philox_backend, monkeypatch):
     mu = torch.randn(300, dtype=F64, requires_grad=True)
     q, p = mgd.Radial(mu, torch.full((300,), 0.3, dtype=F64)), D.Normal(torch.zeros((), dtype=F64), 1.0)

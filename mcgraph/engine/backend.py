@@ -295,6 +295,33 @@ def noise_statistics(form, keys, seed: int, num_samples: int) -> dict | None:
                                                     event_ndims=event_ndims)
 
 
+def noise_sums(form, keys, seed: int, num_samples: int, start: int, stop: int) -> dict | None:
+    """``{(a, j): Σ_{start ≤ i < stop} ξ_i^a (log ξ_i)^j}`` (float64, shape ``(P,)``) of this process's samples
+    ``[start, stop)`` in the compiled pass of :func:`noise_statistics`, or ``None`` (the caller reduces the
+    stream's rows). Covers the Radial law of the compiled CPU stream, whose rows the torch path would
+    otherwise materialise and reduce chunk by chunk.
+
+    Engine hook: ``mcgraph.engine.estimators.collapsed.statistics`` with a process group.
+    """
+    if not has_noise_sums(form, keys, num_samples):
+        return None
+    from . import cpu_philox
+
+    return cpu_philox.radial_sums(tuple(form.noise_shape), seed, tuple(sorted(keys)), form.dtype, start=start,
+                                  stop=stop, event_ndims=triton_noise(form)[1])
+
+
+def has_noise_sums(form, keys, num_samples: int) -> bool:
+    """Whether :func:`noise_sums` covers ``form``, ``keys`` and M (a function of them and of
+    ``MCGRAPH_BACKEND`` only: every process of a group answers alike; builds the library on first need)."""
+    if stream_kind(form, num_samples) != "cpu-philox":
+        return False
+    from . import cpu_philox
+
+    return cpu_philox_law(form) not in cpu_philox.LAWS and all(
+        isinstance(a, int) and not isinstance(a, bool) and a >= 1 and j == 0 for a, j in keys if (a, j) != (0, 0))
+
+
 def log_prob_expectation(q, p, num_samples: int, seed: int, *, sum_rightmost: int = 0) -> torch.Tensor | None:
     """``E_q[Σ_rightmost log p(w)]`` by the fused Triton kernel, or ``None`` when it does not apply.
 

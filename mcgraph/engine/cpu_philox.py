@@ -389,19 +389,57 @@ def radial_statistics(shape, num_samples: int, seed: int, keys, dtype: torch.dty
         raise ValueError(f"event_ndims must be an int in [0, {len(shape)}] for shape {shape}, "
                          f"got {event_ndims!r}")
     event = math.prod(shape[len(shape) - event_ndims:]) if event_ndims else 1
+    means = _radial_power_sums(shape, 0, num_samples, seed, drawn, cdt, event, event_ndims, chunk_size)
+    means.div_(num_samples)
+    return {**out, **{k: means[n].reshape(shape).to(dtype) for n, k in enumerate(drawn)}}
+
+
+def radial_sums(shape, seed: int, keys, dtype: torch.dtype = torch.float32, *, start: int, stop: int,
+                event_ndims: int = 0, chunk_size: int | None = None) -> dict | None:
+    """``{(a, 0): Σ_{start ≤ i < stop} ξ_i^a}`` in float64, shape ``(P,)``: the sums of samples ``[start, stop)``
+    of the stream :func:`radial_statistics` averages (a process's share of the M samples; the shares' sums
+    over a partition of ``[0, M)``, divided by M, are the statistics). ``None`` for keys it does not cover.
+    """
+    keys = tuple(dict.fromkeys(tuple(k) for k in keys))
+    drawn = [k for k in keys if k != (0, 0)]
+    if any(not isinstance(a, int) or isinstance(a, bool) or a < 1 or j != 0 for a, j in drawn):
+        return None
+    cdt = _compute_dtype(dtype)
+    seed = _check_seed(seed)
+    if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start <= stop):
+        raise ValueError(f"start, stop: a window 0 <= start <= stop of samples, got {start!r}, {stop!r}")
+    shape = tuple(int(s) for s in shape)
+    numel = math.prod(shape)
+    if not isinstance(event_ndims, int) or not 0 <= event_ndims <= len(shape):
+        raise ValueError(f"event_ndims must be an int in [0, {len(shape)}] for shape {shape}, "
+                         f"got {event_ndims!r}")
+    event = math.prod(shape[len(shape) - event_ndims:]) if event_ndims else 1
+    if not drawn or numel == 0:
+        return {k: torch.zeros(numel, dtype=torch.float64) for k in drawn}
+    sums = _radial_power_sums(shape, start, stop, seed, drawn, cdt, event, event_ndims, chunk_size)
+    return {k: sums[n] for n, k in enumerate(drawn)}
+
+
+def _radial_power_sums(shape: tuple, first: int, last: int, seed: int, drawn: list, cdt: torch.dtype, event: int,
+                       event_ndims: int, chunk_size: int | None) -> torch.Tensor:
+    """``(len(drawn), P)`` float64 sums of ξ_i^a over samples ``[first, last)``, chunk by chunk (see
+    :func:`radial_statistics`)."""
     from .noise import _POOL  # the block pool of mcgraph.engine.noise.reuse_noise_blocks
 
+    numel = math.prod(shape)
+    acc = torch.zeros((len(drawn), numel), dtype=torch.float64)
+    if last <= first:
+        return acc
     lib = _module()
-    chunk = chunk_size or min(num_samples, max(RADIAL_MIN_CHUNK, RADIAL_CHUNK_ELEMENTS // numel))
+    chunk = chunk_size or min(last - first, max(RADIAL_MIN_CHUNK, RADIAL_CHUNK_ELEMENTS // numel))
     pool = _POOL.get()
     buffer = pool.take(chunk * numel, cdt, torch.device("cpu")) if pool is not None else None
     if buffer is None:
         buffer = torch.empty(chunk * numel, dtype=cdt)
     powers = torch.tensor([a for a, _ in drawn], dtype=torch.int64)
-    acc = torch.zeros((len(drawn), numel), dtype=torch.float64)
     fp64 = cdt == torch.float64
-    for start in range(0, num_samples, chunk):
-        stop = min(start + chunk, num_samples)
+    for start in range(first, last, chunk):
+        stop = min(start + chunk, last)
         eps = buffer[:(stop - start) * numel].view((stop - start,) + shape)
         eps, norms = _normal_rows_and_norms(lib, eps, event_ndims, start, stop, seed)
         _, factor = _radial_factors(lib, eps, event_ndims, start, stop, seed, norms)
@@ -411,8 +449,7 @@ def radial_statistics(shape, num_samples: int, seed: int, keys, dtype: torch.dty
             raise RuntimeError("cpu_philox.radial_statistics: the library rejected its arguments")
     if pool is not None:  # the next layer's draw reuses it (no fresh mapping, no page faults)
         pool.give(buffer._base if buffer._base is not None else buffer)
-    means = acc.div_(num_samples)
-    return {**out, **{k: means[n].reshape(shape).to(dtype) for n, k in enumerate(drawn)}}
+    return acc
 
 
 def segments_for(num_samples: int, numel: int) -> int:

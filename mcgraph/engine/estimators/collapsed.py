@@ -52,12 +52,36 @@ def statistics(form: SamplingForm, keys: set, seed: int, num_samples: int, chunk
     fused_stats = backend.noise_statistics(form, keys, seed, num_samples) if shard is None else None
     if fused_stats is not None:  # one Triton pass, the noise never materialised
         return fused_stats
+    if shard is not None:
+        shared = _compiled_shard_statistics(form, keys, seed, num_samples, shard)
+        if shared is not None:
+            return shared
     stream = stream_for(form, seed, num_samples)
     stream.owns_rows = True
     try:
         return _stream_statistics(stream, form, keys, num_samples, chunk_size, shard)
     finally:
         stream.release()  # its block buffer serves the next stream (noise.reuse_noise_blocks)
+
+
+def _compiled_shard_statistics(form: SamplingForm, keys: set, seed: int, num_samples: int, shard) -> dict | None:
+    """The statistics from this process's samples summed by the compiled pass (:func:`backend.noise_sums`), the
+    sums all-reduced, then divided by M; ``None`` where that pass does not cover the law or the keys."""
+    order = sorted(k for k in keys if k != (0, 0))
+    if not order or not backend.has_noise_sums(form, order, num_samples):
+        return None
+    numel = math.prod(form.noise_shape)
+
+    def compute():  # inside the collective's guard: an error here is reported to every rank
+        sums = backend.noise_sums(form, order, seed, num_samples, *shard.window(num_samples))
+        return [sums[k] for k in order]
+
+    reduced = shard.sum(compute, [((numel,), torch.float64, form.device)] * len(order))
+    shape = tuple(form.noise_shape)
+    out = {k: (v / num_samples).reshape(shape).to(form.dtype) for k, v in zip(order, reduced)}
+    if (0, 0) in keys:
+        out[(0, 0)] = torch.ones(shape, dtype=form.dtype, device=form.device)
+    return out
 
 
 def _stream_statistics(stream, form: SamplingForm, keys: set, num_samples: int, chunk_size: int, shard):
