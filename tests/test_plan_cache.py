@@ -399,3 +399,29 @@ def test_fn_failing_on_a_sample_is_an_error_naming_fn(method, cached):
     for seed in range(3):  # later calls hit the cache when it is on: the sample is then only evaluated
         with pytest.raises(ValueError, match=r"fn failed on a sample .*support"):
             mg.expectation(fn, q, 8, seed=seed, method=method)
+
+
+def test_a_stored_trace_keeps_its_classification_and_a_bounded_number_of_them():
+    """A hit reuses the trace's classification for an equal form signature (no classify call), and forms whose
+    noise law is made per call (Student-t) do not grow the per-trace memo without bound."""
+    from mcgraph.engine import api
+
+    mg.plan_cache.clear()
+    p = torch.distributions.Laplace(0.0, 1.0)
+    q = lambda: Normal(torch.zeros(4, requires_grad=True), torch.ones(4))  # noqa: E731
+    mg.kl_divergence(q(), p, 10, seed=0, method="monte-carlo")
+    calls = []
+    original = api.classify
+    api.classify = lambda *a, **k: calls.append(1) or original(*a, **k)
+    try:
+        for _ in range(3):
+            mg.kl_divergence(q(), p, 10, seed=0, method="monte-carlo")
+        assert calls == []
+        for i in range(3 * api._PLANS_PER_TRACE):
+            t = torch.distributions.StudentT(torch.tensor(3.0 + i), torch.zeros(4, requires_grad=True), torch.ones(4))
+            mg.expectation(p.log_prob, t, 10, seed=0)
+    finally:
+        api.classify = original
+    assert calls  # a new law is classified
+    sizes = [len(e.trace.__dict__.get("_plans", {})) for e in mg.plan_cache._STATE.entries.values()]
+    assert sizes and max(sizes) <= api._PLANS_PER_TRACE

@@ -101,8 +101,14 @@ def _classified(form, traced, method: str, taylor_order) -> Plan:
     memo = traced.__dict__.setdefault("_plans", {})
     hit = memo.get(key)
     if hit is None or hit[0] is not form.noise:
+        if len(memo) >= _PLANS_PER_TRACE:  # laws made per call (a Gamma's, a Student-t's) would grow it
+            memo.clear()
         hit = memo[key] = (form.noise, classify(form, traced, method, taylor_order))  # the law kept: ids stay unique
     return dataclasses.replace(hit[1], form=form)
+
+
+#: Classifications kept per stored trace (one per form signature and method in use).
+_PLANS_PER_TRACE = 8
 
 
 def plan_for(fn: Callable, dist: Distribution, *, seed: int = 0, method: str = "auto",

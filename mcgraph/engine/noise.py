@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -494,6 +495,7 @@ def student_t_noise(df: torch.Tensor) -> NoiseLaw:
     return NoiseLaw("StudentT(ν, 0, 1)", sampler, fills_out=True, moments=mom.student_t(df))
 
 
+@functools.lru_cache(maxsize=None)  # a function of event_ndims alone: one law per rank of the event
 def radial_noise_law(event_ndims: int) -> NoiseLaw:
     """ξ = (ε/‖ε‖)·r, ε ~ N(0, I) over the last ``event_ndims`` dims, r ~ N(0, 1).
 
