@@ -84,6 +84,8 @@ def engine_cases(group, sizes=(1, 2, 7, 64), dtypes=(torch.float64, torch.float3
             "kl-normal-scalemix": lambda m, s: mg.kl_divergence(
                 normal(), mg.distributions.ScaleMixtureNormal(0.5, 1.0, 0.01), m, seed=s,
                 process_group=group),
+            "collapsed-philox": lambda m, s: _on_backend("cpu-philox", lambda: mg.expectation(
+                lambda w: (w - c) ** 3, normal(), m, seed=s, process_group=group)),  # windowed compiled sums
             "kl-radial-normal-mc-philox": lambda m, s: _on_backend("cpu-philox", lambda: mg.kl_divergence(
                 radial(), torch.distributions.Normal(0.0, 1.0), m, seed=s, method="monte-carlo",
                 process_group=group)),  # each rank sums its window in the compiled Radial pass

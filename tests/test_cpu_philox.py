@@ -524,6 +524,28 @@ def test_radial_statistics_equal_statistics_of_own_rows(dtype, rtol, shape, even
         torch.testing.assert_close(fused[(a, 0)], (xi ** a).mean(0).to(dtype), rtol=rtol, atol=rtol)
 
 
+@pytest.mark.parametrize("noise, keys", [("normal", ((1, 0), (2, 0), (3, 0))),
+                                         ("exponential", ((1, 0), (-1, 0), (0, 1), (2, 2)))])
+@pytest.mark.parametrize("dtype, rtol", [(F64, 1e-12), (torch.float32, 2e-5)])
+def test_law_sums_over_windows_are_the_statistics_times_m(noise, keys, dtype, rtol):
+    """The elementwise laws' windowed sums: windows partitioning [0, M) add up to M times the statistics,
+    and a window's sums are those of its own rows (its absolute counters)."""
+    shape, m = (3, 50), 41
+    whole = cpu_philox.statistics(noise, shape, m, 8, keys, dtype)
+    parts = [cpu_philox.sums(noise, shape, 8, keys, dtype, start=a, stop=b)
+             for a, b in [(0, 20), (20, 20), (20, 41)]]
+    for key in keys:
+        total = sum(p[key] for p in parts)
+        assert total.dtype == F64 and total.shape == (150,)
+        torch.testing.assert_close((total / m).reshape(shape).to(dtype), whole[key], rtol=rtol, atol=rtol)
+    xi = cpu_philox.rows(noise, shape, 20, 41, 8, dtype).double()
+    for a, j in keys:
+        torch.testing.assert_close(parts[2][(a, j)], (xi ** a * xi.log() ** j).sum(0).reshape(-1), rtol=rtol,
+                                   atol=rtol)
+    with pytest.raises(ValueError, match="log"):
+        cpu_philox.sums("normal", shape, 8, ((1, 1),), dtype, start=0, stop=3)
+
+
 @pytest.mark.parametrize("dtype, rtol", [(F64, 1e-12), (torch.float32, 2e-5)])
 def test_radial_sums_over_windows_are_the_statistics_times_m(dtype, rtol):
     """A process's window [start, stop) of the Radial stream, summed by the compiled pass: windows that

@@ -298,8 +298,8 @@ def noise_statistics(form, keys, seed: int, num_samples: int) -> dict | None:
 def noise_sums(form, keys, seed: int, num_samples: int, start: int, stop: int) -> dict | None:
     """``{(a, j): Σ_{start ≤ i < stop} ξ_i^a (log ξ_i)^j}`` (float64, shape ``(P,)``) of this process's samples
     ``[start, stop)`` in the compiled pass of :func:`noise_statistics`, or ``None`` (the caller reduces the
-    stream's rows). Covers the Radial law of the compiled CPU stream, whose rows the torch path would
-    otherwise materialise and reduce chunk by chunk.
+    stream's rows). Covers the laws of the compiled CPU stream (the elementwise ones and Radial), whose rows
+    the torch path would otherwise materialise and reduce chunk by chunk.
 
     Engine hook: ``mcgraph.engine.estimators.collapsed.statistics`` with a process group.
     """
@@ -307,8 +307,12 @@ def noise_sums(form, keys, seed: int, num_samples: int, start: int, stop: int) -
         return None
     from . import cpu_philox
 
-    return cpu_philox.radial_sums(tuple(form.noise_shape), seed, tuple(sorted(keys)), form.dtype, start=start,
-                                  stop=stop, event_ndims=triton_noise(form)[1])
+    keys = tuple(sorted(k for k in keys if k != (0, 0)))
+    law = cpu_philox_law(form)
+    if law in cpu_philox.LAWS:
+        return cpu_philox.sums(law, tuple(form.noise_shape), seed, keys, form.dtype, start=start, stop=stop)
+    return cpu_philox.radial_sums(tuple(form.noise_shape), seed, keys, form.dtype, start=start, stop=stop,
+                                  event_ndims=triton_noise(form)[1])
 
 
 def has_noise_sums(form, keys, num_samples: int) -> bool:
@@ -318,8 +322,11 @@ def has_noise_sums(form, keys, num_samples: int) -> bool:
         return False
     from . import cpu_philox
 
-    return cpu_philox_law(form) not in cpu_philox.LAWS and all(
-        isinstance(a, int) and not isinstance(a, bool) and a >= 1 and j == 0 for a, j in keys if (a, j) != (0, 0))
+    if cpu_philox_law(form) in cpu_philox.LAWS:  # any (a, j) the law allows (logs of positive laws)
+        return all(isinstance(a, int) and not isinstance(a, bool) and isinstance(j, int) and j >= 0
+                   and (j == 0 or cpu_philox_law(form) in cpu_philox.POSITIVE) for a, j in keys)
+    return all(isinstance(a, int) and not isinstance(a, bool) and a >= 1 and j == 0  # Radial: positive powers
+               for a, j in keys if (a, j) != (0, 0))
 
 
 def log_prob_expectation(q, p, num_samples: int, seed: int, *, sum_rightmost: int = 0) -> torch.Tensor | None:

@@ -146,6 +146,8 @@ def _load(path: pathlib.Path):
     lib.mcgraph_philox_rows.argtypes = [ci, i64, i64, i64, u64, ci, vp, ci]
     lib.mcgraph_philox_rows.restype = ci
     lib.mcgraph_philox_stats.argtypes = [ci, i64, i64, u64, ci, vp, vp, ci, i64, i64, vp, ci]
+    lib.mcgraph_philox_stats_window.restype = ci
+    lib.mcgraph_philox_stats_window.argtypes = [ci, i64, i64, i64, u64, ci, vp, vp, ci, i64, i64, vp, ci]
     lib.mcgraph_philox_stats.restype = ci
     lib.mcgraph_philox_radius.argtypes = [i64, i64, i64, u64, ci, vp, ci]
     lib.mcgraph_philox_radius.restype = ci
@@ -495,23 +497,52 @@ def statistics(noise: str, shape, num_samples: int, seed: int, keys,
         return out
     if numel == 0:
         return {**out, **{k: torch.empty(shape, dtype=dtype) for k in drawn}}
+    means = _law_sums(code, numel, 0, num_samples, seed, drawn, dtype).div_(num_samples)
+    return {**out, **{k: means[n].reshape(shape).to(dtype) for n, k in enumerate(drawn)}}
+
+
+def sums(noise: str, shape, seed: int, keys, dtype: torch.dtype = torch.float32, *, start: int,
+         stop: int) -> dict[tuple[int, int], torch.Tensor]:
+    """``{(a, j): Σ_{start ≤ i < stop} ξ_i^a (log ξ_i)^j}`` in float64, shape ``(P,)``: samples ``[start, stop)``
+    of the stream :func:`statistics` averages (a process's share of the M samples; the shares' sums over a
+    partition of ``[0, M)``, divided by M, are the statistics). ``(0, 0)`` is not a key here.
+    """
+    code = _law_code(noise)
+    _compute_dtype(dtype)
+    seed = _check_seed(seed)
+    if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start <= stop):
+        raise ValueError(f"start, stop: a window 0 <= start <= stop of samples, got {start!r}, {stop!r}")
+    drawn = list(dict.fromkeys(tuple(k) for k in keys))
+    for a, j in drawn:
+        if not isinstance(a, int) or not isinstance(j, int) or j < 0 or (a, j) == (0, 0):
+            raise ValueError(f"keys: each key must be a pair (a, j) of ints with j >= 0, not (0, 0), got {(a, j)!r}")
+        if j > 0 and noise not in POSITIVE:
+            raise ValueError(f"keys: {(a, j)} needs log ξ, but noise {noise!r} is not positive")
+    numel = math.prod(int(s) for s in shape)
+    if stop == start or numel == 0 or not drawn:
+        return {k: torch.zeros(numel, dtype=torch.float64) for k in drawn}
+    total = _law_sums(code, numel, start, stop - start, seed, drawn, dtype)
+    return {k: total[n] for n, k in enumerate(drawn)}
+
+
+def _law_sums(code: int, numel: int, first: int, count: int, seed: int, drawn: list, dtype) -> torch.Tensor:
+    """``(len(drawn), P)`` float64 sums over samples ``[first, first + count)`` by the parallel statistics loop."""
     lib = _module()
     a = torch.tensor([k[0] for k in drawn], dtype=torch.int64)
     j = torch.tensor([k[1] for k in drawn], dtype=torch.int64)
-    segments = segments_for(num_samples, numel)
-    seg_len = -(-num_samples // segments)
-    segments = -(-num_samples // seg_len)
+    segments = segments_for(count, numel)
+    seg_len = -(-count // segments)
+    segments = -(-count // seg_len)
     tiles = -(-numel // LANES)
     partial = torch.zeros((segments, len(drawn), tiles * LANES), dtype=torch.float64)
-    if lib.mcgraph_philox_stats(code, numel, num_samples, seed, len(drawn), a.data_ptr(), j.data_ptr(),
-                                dtype == torch.float64, segments, seg_len, partial.data_ptr(),
-                                torch.get_num_threads()) != 0:
+    if lib.mcgraph_philox_stats_window(code, numel, first, count, seed, len(drawn), a.data_ptr(), j.data_ptr(),
+                                       dtype == torch.float64, segments, seg_len, partial.data_ptr(),
+                                       torch.get_num_threads()) != 0:
         raise RuntimeError("cpu_philox.statistics: the library rejected its arguments")
     total = partial[0]
     for s in range(1, segments):  # a fixed order: the same sums for any number of threads
         total += partial[s]
-    means = total[:, :numel].div_(num_samples)
-    return {**out, **{k: means[n].reshape(shape).to(dtype) for n, k in enumerate(drawn)}}
+    return total[:, :numel]
 
 
 class PhiloxCPUStream:

@@ -460,11 +460,13 @@ int mcgraph_philox_rows(int law, int64_t P, int64_t start, int64_t stop, uint64_
 }
 
 // partial: segments x K x (tiles*LANES) float64, zeroed by the caller; segment s covers samples
-// [s*seg_len, min(M, (s+1)*seg_len)). Returns 0, or -1 for a bad argument.
-int mcgraph_philox_stats(int law, int64_t P, int64_t M, uint64_t seed, int K, const int64_t* a,
-                         const int64_t* jl, int fp64, int64_t segments, int64_t seg_len, double* partial,
-                         int threads) {
-  if (law < 0 || law >= NUM_LAWS || P < 1 || M < 1 || K < 1 || segments < 1 || seg_len < 1 || threads < 1) {
+// [first + s*seg_len, min(first + M, first + (s+1)*seg_len)) of the stream, by their absolute counters
+// (first = 0: the whole stream; else one process's share of it). Returns 0, or -1 for a bad argument.
+int mcgraph_philox_stats_window(int law, int64_t P, int64_t first, int64_t M, uint64_t seed, int K,
+                                const int64_t* a, const int64_t* jl, int fp64, int64_t segments, int64_t seg_len,
+                                double* partial, int threads) {
+  if (law < 0 || law >= NUM_LAWS || P < 1 || first < 0 || M < 1 || K < 1 || segments < 1 || seg_len < 1 ||
+      threads < 1) {
     return -1;
   }
   const int64_t tiles = (P + LANES - 1) / LANES;
@@ -475,7 +477,7 @@ int mcgraph_philox_stats(int law, int64_t P, int64_t M, uint64_t seed, int K, co
     for (int64_t item = 0; item < segments * tiles; ++item) {
       const int64_t s = item / tiles, t = item % tiles;
       std::fill(acc.begin(), acc.end(), 0.0);
-      const int64_t i0 = s * seg_len, i1 = std::min(M, i0 + seg_len);
+      const int64_t i0 = first + s * seg_len, i1 = std::min(first + M, i0 + seg_len);
       if (fp64) {
         stats_item<double>(law, P, i0, i1, t * LANES, seed, K, a, jl, acc.data());
       } else {
@@ -488,6 +490,12 @@ int mcgraph_philox_stats(int law, int64_t P, int64_t M, uint64_t seed, int K, co
     }
   }
   return 0;
+}
+
+int mcgraph_philox_stats(int law, int64_t P, int64_t M, uint64_t seed, int K, const int64_t* a,
+                         const int64_t* jl, int fp64, int64_t segments, int64_t seg_len, double* partial,
+                         int threads) {
+  return mcgraph_philox_stats_window(law, P, 0, M, seed, K, a, jl, fp64, segments, seg_len, partial, threads);
 }
 
 // out: (stop-start) x B Radial radii (standard normals at counter (i*B + b, tag 1)), float32 or float64.
