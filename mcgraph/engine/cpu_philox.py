@@ -375,25 +375,15 @@ def radial_statistics(shape, num_samples: int, seed: int, keys, dtype: torch.dty
             :data:`RADIAL_MIN_CHUNK` samples).
     """
     keys = tuple(dict.fromkeys(tuple(k) for k in keys))
-    drawn = [k for k in keys if k != (0, 0)]
-    if any(not isinstance(a, int) or isinstance(a, bool) or a < 1 or j != 0 for a, j in drawn):
-        return None
-    cdt = _compute_dtype(dtype)
-    seed = _check_seed(seed)
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
+    sums = radial_sums(shape, seed, keys, dtype, start=0, stop=num_samples, event_ndims=event_ndims,
+                       chunk_size=chunk_size)
+    if sums is None:
+        return None
     shape = tuple(int(s) for s in shape)
-    numel = math.prod(shape)
     out = {k: torch.ones(shape, dtype=dtype) for k in keys if k == (0, 0)}
-    if not drawn or numel == 0:
-        return {**out, **{k: torch.zeros(shape, dtype=dtype) for k in drawn}}
-    if not isinstance(event_ndims, int) or not 0 <= event_ndims <= len(shape):
-        raise ValueError(f"event_ndims must be an int in [0, {len(shape)}] for shape {shape}, "
-                         f"got {event_ndims!r}")
-    event = math.prod(shape[len(shape) - event_ndims:]) if event_ndims else 1
-    means = _radial_power_sums(shape, 0, num_samples, seed, drawn, cdt, event, event_ndims, chunk_size)
-    means.div_(num_samples)
-    return {**out, **{k: means[n].reshape(shape).to(dtype) for n, k in enumerate(drawn)}}
+    return {**out, **{k: v.div(num_samples).reshape(shape).to(dtype) for k, v in sums.items()}}
 
 
 def radial_sums(shape, seed: int, keys, dtype: torch.dtype = torch.float32, *, start: int, stop: int,
