@@ -322,11 +322,7 @@ def has_noise_sums(form, keys, num_samples: int) -> bool:
         return False
     from . import cpu_philox
 
-    if cpu_philox_law(form) in cpu_philox.LAWS:  # any (a, j) the law allows (logs of positive laws)
-        return all(isinstance(a, int) and not isinstance(a, bool) and isinstance(j, int) and j >= 0
-                   and (j == 0 or cpu_philox_law(form) in cpu_philox.POSITIVE) for a, j in keys)
-    return all(isinstance(a, int) and not isinstance(a, bool) and a >= 1 and j == 0  # Radial: positive powers
-               for a, j in keys if (a, j) != (0, 0))
+    return cpu_philox.sums_cover(cpu_philox_law(form), keys)
 
 
 def log_prob_expectation(q, p, num_samples: int, seed: int, *, sum_rightmost: int = 0) -> torch.Tensor | None:

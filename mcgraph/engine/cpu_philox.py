@@ -392,10 +392,10 @@ def radial_sums(shape, seed: int, keys, dtype: torch.dtype = torch.float32, *, s
     of the stream :func:`radial_statistics` averages (a process's share of the M samples; the shares' sums
     over a partition of ``[0, M)``, divided by M, are the statistics). ``None`` for keys it does not cover.
     """
+    if not sums_cover("radial", keys):
+        return None
     keys = tuple(dict.fromkeys(tuple(k) for k in keys))
     drawn = [k for k in keys if k != (0, 0)]
-    if any(not isinstance(a, int) or isinstance(a, bool) or a < 1 or j != 0 for a, j in drawn):
-        return None
     cdt = _compute_dtype(dtype)
     seed = _check_seed(seed)
     if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start <= stop):
@@ -473,12 +473,7 @@ def statistics(noise: str, shape, num_samples: int, seed: int, keys,
     seed = _check_seed(seed)
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
-    keys = tuple(dict.fromkeys(tuple(k) for k in keys))
-    for a, j in keys:
-        if not isinstance(a, int) or not isinstance(j, int) or j < 0:
-            raise ValueError(f"keys: each key must be a pair (a, j) of ints with j >= 0, got {(a, j)!r}")
-        if j > 0 and noise not in POSITIVE:
-            raise ValueError(f"keys: {(a, j)} needs log ξ, but noise {noise!r} is not positive")
+    keys = _checked_keys(noise, keys)
     shape = tuple(int(s) for s in shape)
     numel = math.prod(shape)
     out = {k: torch.ones(shape, dtype=dtype) for k in keys if k == (0, 0)}
@@ -502,17 +497,37 @@ def sums(noise: str, shape, seed: int, keys, dtype: torch.dtype = torch.float32,
     seed = _check_seed(seed)
     if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start <= stop):
         raise ValueError(f"start, stop: a window 0 <= start <= stop of samples, got {start!r}, {stop!r}")
-    drawn = list(dict.fromkeys(tuple(k) for k in keys))
-    for a, j in drawn:
-        if not isinstance(a, int) or not isinstance(j, int) or j < 0 or (a, j) == (0, 0):
-            raise ValueError(f"keys: each key must be a pair (a, j) of ints with j >= 0, not (0, 0), got {(a, j)!r}")
-        if j > 0 and noise not in POSITIVE:
-            raise ValueError(f"keys: {(a, j)} needs log ξ, but noise {noise!r} is not positive")
+    drawn = _checked_keys(noise, keys)
+    if (0, 0) in drawn:
+        raise ValueError("keys: (0, 0) is the constant 1, not a sum of draws; leave it out")
     numel = math.prod(int(s) for s in shape)
     if stop == start or numel == 0 or not drawn:
         return {k: torch.zeros(numel, dtype=torch.float64) for k in drawn}
     total = _law_sums(code, numel, start, stop - start, seed, drawn, dtype)
     return {k: total[n] for n, k in enumerate(drawn)}
+
+
+def _checked_keys(noise: str, keys) -> tuple:
+    """``keys`` without repeats, each checked: a pair ``(a, j)`` of ints with ``j ≥ 0``, ``j > 0`` only for a
+    positive law (raises ``ValueError`` naming the key)."""
+    keys = tuple(dict.fromkeys(tuple(k) for k in keys))
+    for a, j in keys:
+        if not isinstance(a, int) or not isinstance(j, int) or j < 0:
+            raise ValueError(f"keys: each key must be a pair (a, j) of ints with j >= 0, got {(a, j)!r}")
+        if j > 0 and noise not in POSITIVE:
+            raise ValueError(f"keys: {(a, j)} needs log ξ, but noise {noise!r} is not positive")
+    return keys
+
+
+def sums_cover(noise: str, keys) -> bool:
+    """Whether the windowed sums cover every key of ``keys`` but ``(0, 0)``: :func:`sums` for a law of
+    :data:`LAWS` (any ``(a, j)`` its statistics take), :func:`radial_sums` for ``"radial"`` (positive powers)."""
+    drawn = [tuple(k) for k in keys if tuple(k) != (0, 0)]
+    if not all(isinstance(a, int) and not isinstance(a, bool) and isinstance(j, int) for a, j in drawn):
+        return False
+    if noise == "radial":
+        return all(a >= 1 and j == 0 for a, j in drawn)
+    return noise in LAWS and all(j >= 0 and (j == 0 or noise in POSITIVE) for _, j in drawn)
 
 
 def _law_sums(code: int, numel: int, first: int, count: int, seed: int, drawn: list, dtype) -> torch.Tensor:

@@ -285,8 +285,7 @@ class _Keyer:
                 and t.untyped_storage().nbytes() <= SMALL_TENSOR_BYTES):
             # a prior's few numbers (the common case, once per call): read as Python numbers, which
             # hold float64/float32 values exactly; floats by their hex (-0.0 ≠ 0.0, nan = nan)
-            values = t.tolist() if t.dim() == 0 else t.reshape(-1).tolist()
-            values = values if t.dim() else [values]
+            values = t.reshape(-1).tolist()
             self.parts.append(("numbers", *meta, tuple(v.hex() if isinstance(v, float) else v for v in values)))
             return
         if (not t.requires_grad and t.device.type != "meta" and t.layout == torch.strided

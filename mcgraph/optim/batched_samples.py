@@ -24,9 +24,19 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .per_example import rule_for
+from .per_example import common_batch_size, rule_for
 
-__all__ = ["Unbatchable", "check_batchable", "sample_squared_gradients"]
+__all__ = ["CHUNK_ELEMENTS", "Unbatchable", "check_batchable", "default_chunk_size", "sample_squared_gradients"]
+
+#: Numbers of one chunk of stacked weight samples by default (2²², 16 MiB in float32): the optimizers'
+#: ``step_samples`` stack as many samples per vmapped pass as fit in it, at least one.
+CHUNK_ELEMENTS = 1 << 22
+
+
+def default_chunk_size(samples: int, numel: int) -> int:
+    """Samples per vmapped pass: all ``samples`` while ``samples · numel`` ≤ :data:`CHUNK_ELEMENTS`, else as many
+    as fit in it (at least one); ``numel`` is the number of parameters one sample stacks."""
+    return max(1, min(samples, CHUNK_ELEMENTS // max(1, numel)))
 
 
 class Unbatchable(RuntimeError):
@@ -135,8 +145,4 @@ def sample_squared_gradients(model: nn.Module, modules: list[nn.Module], loss_fn
         prefix = f"{name}." if name else ""
         for key, value in rule_for(m).squared_sum(m, a, b).items():
             squared[prefix + key] = value
-    sizes = {int(a.shape[1]) for a in inputs.values()}  # (S, batch, …)
-    if len(sizes) > 1:
-        raise ValueError(f"model: the supported layers saw different batch sizes {sorted(sizes)}; every layer's "
-                         "input must have the batch on dim 0")
-    return grads, squared, losses, (sizes.pop() if sizes else None)
+    return grads, squared, losses, common_batch_size(int(a.shape[1]) for a in inputs.values())  # (S, batch, …)

@@ -52,10 +52,6 @@ from ._checks import choice, positive_int, positive_real
 from ._state import CountedOptimizer
 from .per_example import RULES, SquaredGradients, rule_for
 
-#: Numbers of stacked weight samples per vmapped pass of :meth:`GaussianVariationalOptimizer._collect_batched`
-#: by default (K·P at most this, at least one sample).
-CHUNK_ELEMENTS = 1 << 22
-
 __all__ = ["GaussianVariationalOptimizer", "check_model", "posterior_model"]
 
 LOSS_REDUCTIONS = ("mean", "sum")
@@ -278,15 +274,14 @@ class GaussianVariationalOptimizer(CountedOptimizer):
         Raises:
             Unbatchable: vmap cannot evaluate the model (nothing was recorded).
         """
-        from .batched_samples import sample_squared_gradients
+        from .batched_samples import default_chunk_size, sample_squared_gradients
 
         flat = self._flat()
         params = [p for p, _ in flat]
         names = {id(p): n for n, p in self.model.named_parameters()}
         indices = list(self._sample_indices(num_samples))
         if chunk_size is None:
-            numel = sum(p.numel() for p in params)
-            chunk_size = max(1, min(len(indices) or 1, CHUNK_ELEMENTS // max(1, numel)))
+            chunk_size = default_chunk_size(len(indices) or 1, sum(p.numel() for p in params))
         g_acc = [torch.zeros_like(p) for p in params]
         h_acc = [torch.zeros_like(p) for p in params]
         loss_acc = None

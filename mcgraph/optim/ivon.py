@@ -104,14 +104,12 @@ from torch.distributions import Normal
 from ..engine.noise import mix_seed
 from ._checks import non_negative_real, positive_int, positive_real, real_in, seed_or_none
 from ._state import CountedOptimizer
+from .batched_samples import default_chunk_size
 
 __all__ = ["IVON", "HessApprox"]
 
 #: parameter dtypes whose optimizer state (mean, momentum, hessian) is kept in float32
 LOW_PRECISION = (torch.float16, torch.bfloat16)
-
-#: numbers of one chunk of stacked weight samples in :meth:`IVON.step_samples` by default (2²², 16 MiB in float32)
-CHUNK_ELEMENTS = 1 << 22
 
 
 class HessApprox(str, enum.Enum):
@@ -579,8 +577,7 @@ class IVON(CountedOptimizer):
         if chunk_size is not None:
             chunk_size = positive_int("chunk_size", chunk_size)
         else:
-            numel = sum(p.numel() for p, _ in self._flat())
-            chunk_size = max(1, min(self.mc_samples, CHUNK_ELEMENTS // max(1, numel)))
+            chunk_size = default_chunk_size(self.mc_samples, sum(p.numel() for p, _ in self._flat()))
         draws, count = self._draws, self._count
         if vectorize or (vectorize is None and model is not None and self.mc_samples > 1):
             try:

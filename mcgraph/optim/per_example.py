@@ -56,7 +56,7 @@ from torch import nn
 from ..engine.registry import Registry
 
 __all__ = ["SquaredGradients", "PerExampleRule", "register_rule", "rule_for", "RULES", "CHUNK_ELEMENTS",
-           "unsupported_modules", "per_example_loop"]
+           "common_batch_size", "unsupported_modules", "per_example_loop"]
 
 #: Most elements of one chunk of per-example gradients held at once (float32: 64 MiB).
 CHUNK_ELEMENTS = 1 << 24
@@ -299,10 +299,20 @@ class SquaredGradients:
                 if name in params:
                     p = params[name]
                     self.sums[p] = self.sums[p] + value if p in self.sums else value
-        if len(sizes) > 1:
-            raise ValueError(f"model: the supported layers saw different batch sizes {sorted(sizes)}; every layer's "
-                             "input must have the batch on dim 0")
-        self.batch_size = sizes.pop() if sizes else None
+        self.batch_size = common_batch_size(sizes)
+
+
+def common_batch_size(sizes) -> int | None:
+    """The one batch size the recorded layers saw (``None`` when none ran).
+
+    Raises:
+        ValueError: they saw different ones.
+    """
+    sizes = set(sizes)
+    if len(sizes) > 1:
+        raise ValueError(f"model: the supported layers saw different batch sizes {sorted(sizes)}; every layer's "
+                         "input must have the batch on dim 0")
+    return sizes.pop() if sizes else None
 
 
 def per_example_loop(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
