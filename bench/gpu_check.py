@@ -307,6 +307,13 @@ def main(argv=None) -> int:
     args.date = _dt.date.today().isoformat()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(ROOT))
+    try:  # the kernels live in ./kernels and are mapped to mcgraph.kernels by the installed package
+        import mcgraph.kernels  # noqa: F401
+    except ModuleNotFoundError as err:
+        print(f"gpu-check: {err}. mcgraph must be installed in this interpreter ({sys.executable}): run "
+              "`python -m pip install --no-deps --no-build-isolation -e .` first, or `make gpu-check` with the "
+              "project's virtual environment.", file=sys.stderr)
+        return 2
     from mcgraph.apps.bench.records import git_commit
     from mcgraph.apps import atomic_io
 
