@@ -304,3 +304,20 @@ def test_a_sampling_object_is_validated_when_made_and_refuses_a_second_value():
     with pytest.raises(ValueError, match="method must be one of"):
         mg.expectation(lambda w: w, q, mg.Sampling(4, method="magic"))
     assert mg.Sampling(4).replace(seed=3) == mg.Sampling(4, seed=3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("where", [0, 4097, -1])
+def test_all_finite_finds_every_non_finite_value(dtype, bad, where):
+    from mcgraph.engine.checks import all_finite
+
+    good = [torch.randn(5000).to(dtype), torch.arange(4), torch.zeros(0), torch.tensor(True)]
+    assert all_finite(good)
+    assert all_finite([])
+    x = torch.randn(64, 128).to(dtype)
+    x.view(-1)[where] = bad
+    assert not all_finite(good + [x])
+    assert not all_finite([x.t()])  # a strided view
+    big = torch.full((3,), torch.finfo(torch.float64).max, dtype=torch.float64)
+    assert all_finite([big])  # large but finite: no false alarm from a sum's overflow

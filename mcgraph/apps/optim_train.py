@@ -52,6 +52,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..engine.checks import all_finite
 from ..engine.registry import Registry
 from .training_run import StepResult
 
@@ -311,7 +312,7 @@ def _loss_step(kind: str, optimizer, closure, spike_slab, on_nonfinite: str = "s
                     p.grad.add_(spike_slab.decay(p) * p)
     if kind == "adam":
         grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-        if grads and not bool(torch.stack([torch.isfinite(t).all() for t in grads]).all()):
+        if not all_finite(grads):
             print("adam: non-finite gradient; the step was skipped", file=sys.stderr, flush=True)
             return loss.detach()
     optimizer.step()

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from .. import metrics
+from ..engine.checks import all_finite
 from ..metrics import prediction_metrics
 from . import atomic_io
 from .data import load_dataset
@@ -274,7 +275,7 @@ def check_finite(step: int, **terms) -> None:
     """Raise :class:`TrainingDiverged` naming ``step`` and the first term (``data_term=``, ``kl=``, …) whose
     value is not finite. One host sync for all terms."""
     values = [torch.as_tensor(v).detach() for v in terms.values()]
-    if bool(torch.stack([torch.isfinite(v).all() for v in values]).all()):
+    if all_finite(values):
         return
     for (name, _), v in zip(terms.items(), values):
         if not bool(torch.isfinite(v).all()):
@@ -285,7 +286,7 @@ def check_finite(step: int, **terms) -> None:
 def check_finite_grads(step: int, model) -> list[str]:
     """Names of ``model``'s parameters whose gradient is not finite (empty: all finite; one host sync)."""
     named = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
-    if not named or bool(torch.stack([torch.isfinite(g).all() for _, g in named]).all()):
+    if all_finite(g for _, g in named):
         return []
     return [n for n, g in named if not bool(torch.isfinite(g).all())]
 

@@ -47,6 +47,7 @@ import torch
 from torch import nn
 from torch.distributions import Normal
 
+from ..engine.checks import all_finite
 from ..engine.noise import mix_seed, resolve_seed
 from ._checks import choice, positive_int, positive_real
 from ._state import CountedOptimizer
@@ -281,7 +282,7 @@ class GaussianVariationalOptimizer(CountedOptimizer):
         names = {id(p): n for n, p in self.model.named_parameters()}
         indices = list(self._sample_indices(num_samples))
         if chunk_size is None:
-            chunk_size = default_chunk_size(len(indices) or 1, sum(p.numel() for p in params))
+            chunk_size = default_chunk_size(len(indices) or 1, sum(p.numel() for p in params), params[0].device)
         g_acc = [torch.zeros_like(p) for p in params]
         h_acc = [torch.zeros_like(p) for p in params]
         loss_acc = None
@@ -332,10 +333,9 @@ class GaussianVariationalOptimizer(CountedOptimizer):
     def _commit_or_skip(self, tentative: list[tuple[nn.Parameter, dict]], what: str) -> bool:
         """Write ``{"param": new μ, state key: value}`` if every value is finite; else warn and skip."""
         values = [v for _, upd in tentative for v in upd.values() if isinstance(v, torch.Tensor)]
-        finite = torch.stack([torch.isfinite(v).all() for v in values]).all() if values else torch.tensor(True)
-        if not bool(finite):
+        if not all_finite(values):
             bad = next((self._names.get(p, "?") for p, upd in tentative
-                        if not all(bool(torch.isfinite(v).all()) for v in upd.values() if isinstance(v, torch.Tensor))),
+                        if not all_finite(v for v in upd.values() if isinstance(v, torch.Tensor))),
                        "?")
             self.counters["skipped"] += 1
             warnings.warn(f"{type(self).__name__}: non-finite {what} at step {self.counters['step'] + 1} (first at "

@@ -101,6 +101,7 @@ import torch
 from torch import nn
 from torch.distributions import Normal
 
+from ..engine.checks import all_finite
 from ..engine.noise import mix_seed
 from ._checks import non_negative_real, positive_int, positive_real, real_in, seed_or_none
 from ._state import CountedOptimizer
@@ -554,8 +555,8 @@ class IVON(CountedOptimizer):
             loss_fn: the loss of the current batch, computed through the model's forward.
             vectorize: ``True`` (vmap or raise), ``False`` (a loop), ``None`` (vmap if K > 1 and possible).
             model: the network (default: the one given to the constructor; needed for vmap).
-            chunk_size: samples per batched pass (default: all K while ``K·P`` ≤ 2²² numbers, else as many
-                as fit in that: each chunk's tensors then stay small enough for the allocator to reuse).
+            chunk_size: samples per batched pass (default: all K while ``K·P`` ≤ 2²⁴ numbers, 2²⁶ on CUDA,
+                else as many as fit: :func:`~mcgraph.optim.batched_samples.default_chunk_size`).
             before_step: called with the samples' mean loss once they are all recorded, before the update
                 (a training loop's finiteness check: :meth:`recorded_finite` tells whether the gradients
                 are). When it raises, the recorded samples are dropped and the weights and the optimizer's
@@ -577,7 +578,8 @@ class IVON(CountedOptimizer):
         if chunk_size is not None:
             chunk_size = positive_int("chunk_size", chunk_size)
         else:
-            chunk_size = default_chunk_size(self.mc_samples, sum(p.numel() for p, _ in self._flat()))
+            flat = self._flat()
+            chunk_size = default_chunk_size(self.mc_samples, sum(p.numel() for p, _ in flat), flat[0][0].device)
         draws, count = self._draws, self._count
         if vectorize or (vectorize is None and model is not None and self.mc_samples > 1):
             try:
@@ -615,7 +617,7 @@ class IVON(CountedOptimizer):
     def recorded_finite(self) -> bool:
         """Whether every statistic recorded since the last step (mean gradient, Hessian estimate) is finite."""
         stats = (self._avg_grad or []) + (self._avg_hess or [])
-        return not stats or bool(torch.stack([torch.isfinite(t).all() for t in stats]).all())
+        return all_finite(stats)
 
     def _vectorized_samples(self, loss_fn: Callable[[], torch.Tensor], model: nn.Module, samples: int) -> torch.Tensor:
         """Record ``samples`` samples from one vmapped forward/backward; returns their mean loss.

@@ -52,6 +52,7 @@ from typing import Callable, Iterable
 
 import torch
 
+from ..engine.checks import all_finite
 from ..engine.noise import mix_seed, resolve_seed
 from ._checks import non_negative_real, positive_real, real_in
 from ._state import CountedOptimizer
@@ -161,7 +162,7 @@ class AdaptiveSGHMC(CountedOptimizer):
                     w, v = w * mask, v * mask
                 tentative.append((p, w, {"rho": rho, "momentum": v, "noise": eps}))
         values = [x for _, w, upd in tentative for x in (w, *upd.values())]
-        if values and not bool(torch.stack([torch.isfinite(x).all() for x in values]).all()):
+        if not all_finite(values):
             self.counters["skipped"] += 1
             warnings.warn(f"AdaptiveSGHMC: non-finite gradient or update at step {step}; the step was skipped and the "
                           f"weights and state left unchanged ({self.counters['skipped']} skipped so far)",

@@ -84,6 +84,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ..engine.checks import all_finite
 from ._checks import non_negative_real, positive_int, positive_real, real_in
 from .gaussian import GaussianVariationalOptimizer
 
@@ -250,8 +251,8 @@ class VOGN(GaussianVariationalOptimizer):
             loss_fn: the loss of the current batch through the model's forward.
             vectorize: ``True`` (vmap or raise), ``False`` (one closure call per sample), ``None``
                 (vmap when K > 1 and possible).
-            chunk_size: samples per batched pass (default: all K while ``K·P`` ≤ 2²² numbers, else as
-                many as fit in that).
+            chunk_size: samples per batched pass (default: all K while ``K·P`` ≤ 2²⁴ numbers, 2²⁶ on
+                CUDA, else as many as fit: :func:`~mcgraph.optim.batched_samples.default_chunk_size`).
 
         Raises:
             mcgraph.optim.batched_samples.Unbatchable: ``vectorize=True`` and vmap cannot run the model.
@@ -307,7 +308,7 @@ class VOGN(GaussianVariationalOptimizer):
         if not self.counters["initialized"]:
             mean_loss, _, h = self._collect(closure, None, 1, self.counters["draws"], curvature=True)
             self.counters["draws"] += 1
-            if not all(bool(torch.isfinite(t).all()) for t in h):
+            if not all_finite(h):
                 self.counters["skipped"] += 1
                 warnings.warn("VOGN: non-finite curvature in the initialisation pass; it will be retried at the "
                               "next step", RuntimeWarning, stacklevel=2)
