@@ -19,6 +19,8 @@ warm-up; each time is the median. With ``--threads 1`` (the default) all of torc
 the calling thread, and the thread-CPU time (``time.thread_time``) is robust to other processes
 sharing the machine; the wall-clock time is reported beside it. The summary prints, per model, the
 ratio of each provider to Adam (target for ``ivon``: ≤ 1.15), and rows go to ``--out`` (JSON lines).
+``--device cuda`` puts the models, data and optimizer state on the GPU; the device is synchronised
+around every step and the ratios are then of wall-clock time.
 
 Usage::
 
@@ -63,12 +65,13 @@ def workload(name: str):
 
 
 def stepper(provider: str, build, x, y):
-    """``step()`` of ``provider`` on a fresh copy of the model (``None``: the provider is not installed)."""
+    """``step()`` of ``provider`` on a fresh copy of the model, on ``x``'s device (``None``: the provider
+    is not installed)."""
     torch.manual_seed(0)
-    model = build()
+    model = build().to(x.device)
     numel = sum(p.numel() for p in model.parameters())
     if provider == "randn":
-        return lambda: torch.randn(numel)
+        return lambda: torch.randn(numel, device=x.device)
     if provider == "forward-backward":
         def step():
             model.zero_grad(set_to_none=True)
@@ -101,8 +104,11 @@ def stepper(provider: str, build, x, y):
     return step
 
 
-def measure(name: str, providers, reps: int, warmup: int = 3) -> dict:
+def measure(name: str, providers, reps: int, warmup: int = 3, device: str = "cpu") -> dict:
     build, x, y = workload(name)
+    x, y = x.to(device), y.to(device)
+    cuda = x.device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(x.device)) if cuda else (lambda: None)
     steps = {p: s for p in providers if (s := stepper(p, build, x, y)) is not None}
     order = list(steps)
     for step in steps.values():
@@ -112,13 +118,16 @@ def measure(name: str, providers, reps: int, warmup: int = 3) -> dict:
     cpus: dict = {p: [] for p in order}
     for r in range(reps):
         for p in order[r % len(order):] + order[:r % len(order)]:
+            sync()
             t0, c0 = time.perf_counter(), time.thread_time()
             steps[p]()
+            sync()
             cpus[p].append(time.thread_time() - c0)
             walls[p].append(time.perf_counter() - t0)
     load = list(__import__("os").getloadavg())
     row = {"model": name, "parameters": sum(p.numel() for p in build().parameters()), "batch": x.shape[0],
-           "reps": reps, "threads": torch.get_num_threads(), "loadavg": load, "device": "cpu",
+           "reps": reps, "threads": torch.get_num_threads(), "loadavg": load,
+           "device": torch.cuda.get_device_name(x.device) if cuda else "cpu", "ratio_of": "wall" if cuda else "cpu",
            "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
            "mcgraph": mg.__version__, "commit": git_commit(), "providers": {}}
     base_cpu, base_wall = statistics.median(cpus["adam"]), statistics.median(walls["adam"])
@@ -131,15 +140,18 @@ def measure(name: str, providers, reps: int, warmup: int = 3) -> dict:
 def summary(rows: list[dict]) -> list[str]:
     lines = []
     for row in rows:
-        cells = ", ".join(f"{p} {v['cpu_ratio']:.2f}x ({1e3 * v['cpu_s']:.2f} ms cpu, {v['wall_ratio']:.2f}x wall)"
+        kind = row.get("ratio_of", "cpu")
+        other = "wall" if kind == "cpu" else "cpu"
+        cells = ", ".join(f"{p} {v[kind + '_ratio']:.2f}x ({1e3 * v[kind + '_s']:.2f} ms {kind}, "
+                          f"{v[other + '_ratio']:.2f}x {other})"
                           for p, v in row["providers"].items() if p != "adam")
         adam = row["providers"]["adam"]
-        lines.append(f"{row['model']} ({row['parameters']:,} parameters, batch {row['batch']}): adam "
-                     f"{1e3 * adam['cpu_s']:.2f} ms cpu; relative to adam: {cells}")
+        lines.append(f"{row['model']} ({row['parameters']:,} parameters, batch {row['batch']}, {row['device']}): "
+                     f"adam {1e3 * adam[kind + '_s']:.2f} ms {kind}; relative to adam: {cells}")
         ivon = row["providers"].get("ivon")
         if ivon:
-            ok = "met" if ivon["cpu_ratio"] <= 1.15 else "NOT met"
-            lines.append(f"  ivon / adam = {ivon['cpu_ratio']:.2f} (target <= 1.15: {ok})")
+            ok = "met" if ivon[kind + "_ratio"] <= 1.15 else "NOT met"
+            lines.append(f"  ivon / adam = {ivon[kind + '_ratio']:.2f} ({kind} time; target <= 1.15: {ok})")
     return lines
 
 
@@ -150,6 +162,7 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=40)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     parser.add_argument("--out", default="bench/results/ivon_speed.jsonl")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (models, data and optimizer state)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -158,7 +171,7 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = []
     for name in args.models:
-        row = measure(name, providers, args.reps)
+        row = measure(name, providers, args.reps, device=args.device)
         rows.append(row)
         atomic_io.append_line(out, json.dumps(row))
         print(summary([row])[0], flush=True)

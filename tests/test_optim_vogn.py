@@ -552,3 +552,16 @@ def test_step_samples_arguments():
         opt.step_samples(_loss(model, x, y), chunk_size=0)
     one = VOGN(_tiny(), 50, seed=0, check_noise=False)  # K = 1: the closure path, which needs no vmap
     assert torch.isfinite(one.step_samples(_loss(one.model, x, y)))
+
+
+def test_default_chunk_size_fits_the_device_budget():
+    from mcgraph.optim import batched_samples as bs
+
+    peer = 784 * 1000 + 1000 + 1000 * 1000 + 1000 + 1000 * 10 + 10  # the peer MLP: eight samples in one pass
+    assert bs.default_chunk_size(8, peer) == 8
+    assert bs.default_chunk_size(8, peer, "cpu") == 8
+    assert bs.default_chunk_size(64, peer) == bs.CHUNK_ELEMENTS // peer < 64
+    assert bs.default_chunk_size(64, peer, torch.device("cuda")) == bs.CUDA_CHUNK_ELEMENTS // peer < 64
+    assert bs.CUDA_CHUNK_ELEMENTS // peer > bs.CHUNK_ELEMENTS // peer
+    assert bs.default_chunk_size(3, 10 * bs.CUDA_CHUNK_ELEMENTS, "cuda") == 1  # at least one sample
+    assert bs.default_chunk_size(5, 0) == 5

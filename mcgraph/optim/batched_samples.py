@@ -26,17 +26,25 @@ from torch import nn
 
 from .per_example import common_batch_size, rule_for
 
-__all__ = ["CHUNK_ELEMENTS", "Unbatchable", "check_batchable", "default_chunk_size", "sample_squared_gradients"]
+__all__ = ["CHUNK_ELEMENTS", "CUDA_CHUNK_ELEMENTS", "Unbatchable", "check_batchable", "default_chunk_size", "sample_squared_gradients"]
 
-#: Numbers of one chunk of stacked weight samples by default (2²², 16 MiB in float32): the optimizers'
-#: ``step_samples`` stack as many samples per vmapped pass as fit in it, at least one.
-CHUNK_ELEMENTS = 1 << 22
+#: Numbers of one chunk of stacked weight samples on the CPU (2²⁴, 64 MiB in float32): the optimizers'
+#: ``step_samples`` stack as many samples per vmapped pass as fit in it, at least one. Eight samples of
+#: the 784-1000-1000-10 MLP (1.8 M weights) fit in one pass: 1.4× faster than passes of two, with peak
+#: RSS 1.33× the one-sample step (``bench/results/optim-samples.md``).
+CHUNK_ELEMENTS = 1 << 24
+#: The same on a CUDA device (2²⁶, 256 MiB in float32), where each pass costs kernel launches: on an
+#: H100 the MLP's eight samples in one pass took 4.2 ms against 20.1 ms in passes of two.
+CUDA_CHUNK_ELEMENTS = 1 << 26
 
 
-def default_chunk_size(samples: int, numel: int) -> int:
-    """Samples per vmapped pass: all ``samples`` while ``samples · numel`` ≤ :data:`CHUNK_ELEMENTS`, else as many
-    as fit in it (at least one); ``numel`` is the number of parameters one sample stacks."""
-    return max(1, min(samples, CHUNK_ELEMENTS // max(1, numel)))
+def default_chunk_size(samples: int, numel: int, device: torch.device | str | None = None) -> int:
+    """Samples per vmapped pass: all ``samples`` while ``samples · numel`` fits in the device's budget
+    (:data:`CUDA_CHUNK_ELEMENTS` on CUDA, :data:`CHUNK_ELEMENTS` elsewhere), else as many as fit (at least
+    one); ``numel`` is the number of parameters one sample stacks."""
+    cuda = device is not None and torch.device(device).type == "cuda"
+    budget = CUDA_CHUNK_ELEMENTS if cuda else CHUNK_ELEMENTS
+    return max(1, min(samples, budget // max(1, numel)))
 
 
 class Unbatchable(RuntimeError):
