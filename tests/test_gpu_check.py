@@ -20,7 +20,7 @@ def test_gpu_check_smoke_runs_every_section(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((tmp_path / "gpu-smoke.json").read_text())
     sections = {s["name"]: s for s in result["sections"]}
-    assert set(sections) == {"kernel_tests", "kernels", "resnet18_step", "peer_mlp"}
+    assert set(sections) == {"kernel_tests", "kernels", "resnet18_step", "peer_mlp", "ivon_speed", "optim_samples"}
     assert all(s["status"] == "ok" for s in sections.values()), {k: s["status"] for k, s in sections.items()}
     assert sections["kernel_tests"]["counts"].get("passed", 0) > 0
     assert "failed" not in sections["kernel_tests"]["counts"]
@@ -31,8 +31,14 @@ def test_gpu_check_smoke_runs_every_section(tmp_path):
     assert {"direct", "grad-accum", "mcgraph"} <= methods
     providers = {r["provider"] for r in sections["peer_mlp"]["rows"] if r["status"] == "ok"}
     assert "mcgraph" in providers
+    assert {r["model"] for r in sections["ivon_speed"]["rows"]} == {"tiny"}
+    assert {"adam", "ivon"} <= set(sections["ivon_speed"]["rows"][0]["providers"])
+    assert {r["point"] for r in sections["optim_samples"]["rows"]} == {
+        "ivon:sequential:1", "ivon:batched:4", "vogn:sequential:1", "vogn:batched:4"}
     md = (tmp_path / "gpu-smoke.md").read_text()
     assert "| kernels | ok |" in md
+    assert "## IVON's step against Adam's" in md and "## K samples per step" in md
+    assert not list(tmp_path.glob("*.jsonl"))  # the benches' rows live in the report, not beside it
 
 
 def test_gpu_check_without_cuda_says_so(tmp_path):
