@@ -135,3 +135,108 @@ def test_bad_method_names_the_argument():
         mg.expectation(torch.abs, q, 8, method="closed-form")
     with pytest.raises(ValueError, match="num_samples"):   # validated even where it is unused
         mg.kl_divergence(q, D.Normal(0.0, 1.0), 0)
+
+
+# ------------------------------------------------------------------ the layers' Normal ‖ Normal shortcut
+
+LAYER_PRIORS = {
+    "named": lambda dtype: "normal",
+    "instance": lambda dtype: D.Normal(torch.tensor(0.2, dtype=dtype), torch.tensor(0.7, dtype=dtype)),
+    "per-weight": lambda dtype: D.Normal(torch.linspace(-1, 1, 20, dtype=dtype).view(4, 5),
+                                         torch.linspace(0.5, 2, 20, dtype=dtype).view(4, 5)),
+}
+
+
+def _layer(prior, bias, dtype, cls=mg.nn.BayesLinear, args=(5, 4)):
+    torch.manual_seed(0)
+    layer = cls(*args, prior=prior, bayesian_bias=bias, dtype=dtype)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.normal_()
+    return layer
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("prior", list(LAYER_PRIORS))
+def test_plain_normal_layer_kl_is_the_engines_closed_form_bit_for_bit(prior, bias, dtype):
+    """A Normal-posterior layer under a Normal prior skips building the distributions (the KL of every
+    training step of the commonest BNN); its value and gradients are those of the engine's closed form."""
+    from mcgraph.nn.layer_kl import _plain_normal_kl
+
+    if prior == "per-weight" and bias:
+        pytest.skip("a per-weight prior shaped like the weight does not fit the bias")
+    layer = _layer(LAYER_PRIORS[prior](dtype), bias, dtype)
+    assert _plain_normal_kl(layer) is not None  # the shortcut applies
+    fast = layer.kl(seed=0)
+    engine = layer.kl(seed=0, method="closed-form")  # the engine's path: torch's rule on the distributions
+    assert fast.dtype == dtype and torch.equal(fast, engine)
+    params = [layer.weight_mu, layer.weight_rho] + ([layer.bias_mu, layer.bias_rho] if bias else [])
+    for a, b in zip(torch.autograd.grad(fast, params), torch.autograd.grad(engine, params), strict=True):
+        assert torch.equal(a, b)
+    expected = D.kl_divergence(layer.posterior, layer.prior).sum()
+    if bias:
+        expected = expected + D.kl_divergence(layer.bias_posterior, layer.bias_prior).sum()
+    torch.testing.assert_close(fast, expected, rtol=0, atol=0)
+
+
+def test_plain_normal_layer_kl_on_a_convolution():
+    from mcgraph.nn.layer_kl import _plain_normal_kl
+
+    layer = _layer("normal", True, torch.float32, mg.nn.BayesConv2d, (2, 3, 3))
+    assert _plain_normal_kl(layer) is not None
+    assert torch.equal(layer.kl(seed=0), layer.kl(seed=0, method="closed-form"))
+
+
+def test_plain_normal_layer_kl_steps_aside_where_the_general_path_decides():
+    from mcgraph.nn.layer_kl import LAYER_KL, _plain_normal_kl
+    from mcgraph.nn.masks import apply_mask, unmasked_posterior
+
+    assert _plain_normal_kl(_layer("laplace", False, F64)) is None  # another prior
+    assert _plain_normal_kl(mg.nn.BayesLinear(5, 4, posterior="radial")) is None  # another posterior
+    layer = _layer("normal", True, F64)
+    mg.nn.register_layer_kl(D.Normal, D.Normal)(lambda q, p, m, seed, method: torch.zeros_like(q.loc) + 7.0)
+    try:  # a registered layer rule wins over the closed form
+        assert _plain_normal_kl(layer) is None
+        assert float(layer.kl(seed=0)) == 7.0 * (20 + 4)
+    finally:
+        LAYER_KL.pop((D.Normal, D.Normal))
+    assert _plain_normal_kl(layer) is not None
+    with torch.no_grad():
+        layer.weight_mu[1, 2] = float("nan")
+    assert _plain_normal_kl(layer) is None  # not finite: the general path names the parameter
+    with pytest.raises(ValueError, match=r"q: parameter q\.loc has non-finite values \(shape \(4, 5\)\)"):
+        layer.kl(seed=0)
+    pruned = _layer("normal", False, F64)
+    mask = torch.ones(4, 5, dtype=torch.bool)
+    mask[0] = False
+    apply_mask(pruned, mask)
+    assert _plain_normal_kl(pruned) is None  # a pruned layer counts its remaining weights only
+    kept = D.kl_divergence(unmasked_posterior(pruned), pruned.prior)[1:].sum()
+    torch.testing.assert_close(pruned.kl(seed=0), kept, rtol=1e-12, atol=0)
+
+
+def test_registered_kl_reads_torchs_memo_and_sees_new_registrations():
+    from torch.distributions.kl import _KL_MEMOIZE, _KL_REGISTRY, _kl_normal_normal
+
+    from mcgraph.engine.closed_form import registered_kl
+
+    class Narrow(D.Normal):
+        pass
+
+    assert registered_kl(D.Normal, D.Normal) is _kl_normal_normal
+    assert registered_kl(Narrow, D.Normal) is _kl_normal_normal  # by MRO, then remembered
+    assert registered_kl(D.Normal, D.StudentT) is NotImplemented
+
+    def rule(q, p):
+        return torch.zeros_like(q.loc)
+
+    D.register_kl(Narrow, D.Normal)(rule)  # clears torch's memo: the new rule is seen at once
+    try:
+        assert registered_kl(Narrow, D.Normal) is rule
+        q = Narrow(torch.zeros(3), torch.ones(3))
+        assert torch.equal(mg.kl_divergence(q, D.Normal(1.0, 2.0), 10), torch.zeros(3))
+    finally:
+        del _KL_REGISTRY[Narrow, D.Normal]
+        _KL_MEMOIZE.clear()
+    assert registered_kl(Narrow, D.Normal) is _kl_normal_normal

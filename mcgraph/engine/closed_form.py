@@ -29,13 +29,26 @@ from typing import Callable
 
 import torch
 from torch.distributions import Distribution
-from torch.distributions.kl import _dispatch_kl  # torch's own lookup (memoised); no public query exists
+from torch.distributions.kl import _KL_MEMOIZE, _dispatch_kl  # torch's own lookup; no public query exists
 
-__all__ = ["MONTE_CARLO_RULE", "kl_rule", "closed_form_kl"]
+__all__ = ["MONTE_CARLO_RULE", "registered_kl", "kl_rule", "closed_form_kl"]
 
 #: Attribute set (to ``True``) on a function registered with torch's KL registry that estimates
 #: the KL by Monte Carlo through the engine: never taken as a closed form.
 MONTE_CARLO_RULE = "__mcgraph_monte_carlo__"
+
+
+def registered_kl(q_type: type, p_type: type) -> Callable | object:
+    """torch's registered KL function for ``(q_type, p_type)``, the most specific pair by MRO, or
+    ``NotImplemented``: ``_dispatch_kl`` through torch's memo, as ``torch.distributions.kl_divergence``
+    looks it up (``register_kl`` clears the memo). ``_dispatch_kl`` alone walks the whole registry:
+    about 20 µs a call."""
+    key = (q_type, p_type)
+    try:
+        return _KL_MEMOIZE[key]
+    except KeyError:
+        fn = _KL_MEMOIZE[key] = _dispatch_kl(q_type, p_type)
+        return fn
 
 
 def kl_rule(q: Distribution, p: Distribution) -> Callable | None:
@@ -43,7 +56,7 @@ def kl_rule(q: Distribution, p: Distribution) -> Callable | None:
     q and p differ in event shape, or the rule is a registered Monte Carlo estimate)."""
     if q.event_shape != p.event_shape:
         return None
-    fn = _dispatch_kl(type(q), type(p))
+    fn = registered_kl(type(q), type(p))
     if fn is NotImplemented or getattr(fn, MONTE_CARLO_RULE, False):
         return None
     return fn

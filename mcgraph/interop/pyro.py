@@ -195,10 +195,9 @@ def __getattr__(name: str):
 
 
 def _has_rule(q_type: type, p_type: type) -> bool:
-    # torch exposes no public query for a registered pair; _dispatch_kl is what kl_divergence itself uses.
-    from torch.distributions.kl import _dispatch_kl
+    from ..engine.closed_form import registered_kl
 
-    return _dispatch_kl(q_type, p_type) is not NotImplemented
+    return registered_kl(q_type, p_type) is not NotImplemented
 
 
 def register_mc_kl(q_type: type, p_type: type, num_samples: int, *, method: str = "auto"):

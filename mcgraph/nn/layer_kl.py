@@ -21,6 +21,11 @@ Pruned layers (see :mod:`mcgraph.nn.masks`): the KL is that of the weights still
 computed from the stored (unmasked) variational parameters; a pruned weight is the constant 0
 and contributes nothing.
 
+The commonest pair, a Normal posterior under a Normal prior, takes torch's closed form straight
+from (μ, σ) and the prior's numbers, without building the two distributions or passing through
+the engine's dispatch: the same numbers and gradients, at about a third of the cost on a small
+layer (the KL of every training step).
+
 Example:
     >>> import torch, mcgraph as mg
     >>> q = torch.distributions.Normal(torch.tensor([1.0, 0.1]), torch.tensor([0.1, 1.0]))
@@ -34,8 +39,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from torch.distributions import Distribution
+from torch.distributions import Distribution, Normal
+from torch.distributions.kl import _kl_normal_normal
 
+from ..engine import api
+from ..engine.closed_form import registered_kl
 from ..engine.registry import Registry
 from ..engine.api import kl_divergence
 from ..engine.noise import mix_seed, resolve_seed
@@ -114,6 +122,59 @@ def uses_layer_rule(layer) -> bool:
     return weight_mask(layer) is not None or layer_rule(layer) is not None
 
 
+def _normal_prior_numbers(spec) -> tuple | None:
+    """``(loc, scale)`` of the prior ``spec`` when it is a torch ``Normal``: ``(None, None)`` for the named
+    ``"normal"`` prior (N(0, 1), as ``make_prior`` builds it), the tensors of a ``Normal`` instance; else ``None``."""
+    from .priors import PRIORS, _normal_prior
+
+    if isinstance(spec, str):
+        return (None, None) if PRIORS.get(spec.lower()) is _normal_prior else None
+    if type(spec) is Normal:
+        return spec.loc, spec.scale
+    return None
+
+
+def _normal_normal_sum(mu: torch.Tensor, sigma: torch.Tensor, loc: torch.Tensor | None,
+                       scale: torch.Tensor | None) -> torch.Tensor:
+    """Σ KL(N(μ, σ²) ‖ N(loc, scale²)) by torch's ``_kl_normal_normal``, operation for operation; ``None``
+    for N(0, 1), whose ``- 0`` and ``/ 1`` are exact and left out (the same numbers and gradients)."""
+    if scale is None:
+        var_ratio, t1 = sigma.pow(2), mu.pow(2)
+    else:
+        var_ratio = (sigma / scale).pow(2)
+        t1 = ((mu - loc) / scale).pow(2)
+    return (0.5 * (var_ratio + t1 - 1 - var_ratio.log())).sum()
+
+
+def _plain_normal_kl(layer) -> torch.Tensor | None:
+    """The KL of a plain Normal-posterior layer under a Normal prior, without building the distributions.
+
+    Under ``method="auto"`` that KL is torch's closed form (:func:`mcgraph.kl_divergence`); building the
+    posterior and prior objects and dispatching through the engine cost about three times the
+    formula on a small layer, every training step. Returns exactly the numbers of the general path,
+    or ``None`` where that path must run: another posterior, prior or layer class (one that builds
+    its own distributions), a pruned layer, a registered layer rule, a KL rule re-registered with
+    torch, or a result that is not finite (the general path names the parameter at fault).
+    """
+    from .layers import BayesLayer
+
+    cls = type(layer)
+    if (getattr(layer, "_posterior_factory", None) is not Normal or cls.posterior is not BayesLayer.posterior
+            or cls.prior is not BayesLayer.prior or cls.bias_posterior is not BayesLayer.bias_posterior
+            or cls.bias_prior is not BayesLayer.bias_prior):
+        return None
+    numbers = _normal_prior_numbers(layer.prior_spec)
+    if (numbers is None or weight_mask(layer) is not None or find_layer_kl(Normal, Normal) is not None
+            or registered_kl(Normal, Normal) is not _kl_normal_normal):
+        return None
+    value = _normal_normal_sum(layer.weight_mu, layer.weight_sigma, *numbers)
+    if layer.bias_mu is not None:
+        value = value + _normal_normal_sum(layer.bias_mu, layer.bias_sigma, *numbers)
+    if api._VALIDATE and not bool(torch.isfinite(value.detach())):
+        return None
+    return value
+
+
 def layer_kl(layer, num_samples: int, *, seed: int, method: str = "auto", process_group=None) -> torch.Tensor:
     """KL(q ‖ p) of a Bayesian layer's weight (and Bayesian bias), summed: a 0-d tensor.
 
@@ -123,6 +184,10 @@ def layer_kl(layer, num_samples: int, *, seed: int, method: str = "auto", proces
         ValueError: a pruned layer whose posterior does not factorise over the weights
             (its KL is not elementwise, so the pruned weights cannot be left out).
     """
+    if method == "auto" and process_group is None:
+        value = _plain_normal_kl(layer)
+        if value is not None:
+            return value
     mask = weight_mask(layer)
     q = layer.posterior if mask is None else unmasked_posterior(layer)
     value = divergence(q, layer.prior, num_samples, seed=seed, method=method, process_group=process_group)
