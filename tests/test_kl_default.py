@@ -12,6 +12,7 @@ from torch import nn
 import mcgraph as mg
 import mcgraph.distributions as mgd
 from mcgraph.engine.closed_form import closed_form_kl, kl_rule
+from mcgraph.interop.foreign_priors import NormalPrior
 
 F64 = torch.float64
 
@@ -144,6 +145,8 @@ LAYER_PRIORS = {
     "instance": lambda dtype: D.Normal(torch.tensor(0.2, dtype=dtype), torch.tensor(0.7, dtype=dtype)),
     "per-weight": lambda dtype: D.Normal(torch.linspace(-1, 1, 20, dtype=dtype).view(4, 5),
                                          torch.linspace(0.5, 2, 20, dtype=dtype).view(4, 5)),
+    "factory": lambda dtype: NormalPrior(0.3, 0.5),  # what the peer adapters build (bayesian-torch's prior_sigma)
+    "factory-standard": lambda dtype: NormalPrior(0.0, 1.0),
 }
 
 

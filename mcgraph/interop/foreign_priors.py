@@ -101,8 +101,18 @@ class NormalPrior:
 
     def __call__(self, like: torch.Tensor) -> Distribution:
         with unchecked_construction():  # the parameters were checked once, above
-            return Normal(torch.as_tensor(self.loc, dtype=like.dtype, device=like.device),
-                          torch.as_tensor(self.scale, dtype=like.dtype, device=like.device))
+            return Normal(*self._tensors(like))
+
+    def _tensors(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.as_tensor(self.loc, dtype=like.dtype, device=like.device),
+                torch.as_tensor(self.scale, dtype=like.dtype, device=like.device))
+
+    def normal_parameters(self, like: torch.Tensor) -> tuple:
+        """``(loc, scale)`` of the ``Normal`` this prior builds for ``like`` (``(None, None)`` for N(0, 1)):
+        what the layers' closed-form KL reads instead of building the distribution."""
+        if self.loc == 0.0 and self.scale == 1.0:
+            return None, None
+        return self._tensors(like)
 
 
 class BufferNormalPrior:

@@ -122,16 +122,19 @@ def uses_layer_rule(layer) -> bool:
     return weight_mask(layer) is not None or layer_rule(layer) is not None
 
 
-def _normal_prior_numbers(spec) -> tuple | None:
-    """``(loc, scale)`` of the prior ``spec`` when it is a torch ``Normal``: ``(None, None)`` for the named
-    ``"normal"`` prior (N(0, 1), as ``make_prior`` builds it), the tensors of a ``Normal`` instance; else ``None``."""
+def _normal_prior_numbers(spec, like: torch.Tensor) -> tuple | None:
+    """``(loc, scale)`` of the prior ``spec`` gives a parameter like ``like`` when that prior is a torch
+    ``Normal``, else ``None``: ``(None, None)`` for N(0, 1) (the named ``"normal"`` prior, as ``make_prior``
+    builds it), a ``Normal`` instance's tensors, or what a prior factory's ``normal_parameters(like)``
+    returns (the tensors its ``__call__`` would build the ``Normal`` from, ``(None, None)`` for N(0, 1))."""
     from .priors import PRIORS, _normal_prior
 
     if isinstance(spec, str):
         return (None, None) if PRIORS.get(spec.lower()) is _normal_prior else None
     if type(spec) is Normal:
         return spec.loc, spec.scale
-    return None
+    numbers = getattr(spec, "normal_parameters", None)
+    return None if numbers is None else numbers(like)
 
 
 def _normal_normal_sum(mu: torch.Tensor, sigma: torch.Tensor, loc: torch.Tensor | None,
@@ -163,13 +166,14 @@ def _plain_normal_kl(layer) -> torch.Tensor | None:
             or cls.prior is not BayesLayer.prior or cls.bias_posterior is not BayesLayer.bias_posterior
             or cls.bias_prior is not BayesLayer.bias_prior):
         return None
-    numbers = _normal_prior_numbers(layer.prior_spec)
+    numbers = _normal_prior_numbers(layer.prior_spec, layer.weight_mu)
     if (numbers is None or weight_mask(layer) is not None or find_layer_kl(Normal, Normal) is not None
             or registered_kl(Normal, Normal) is not _kl_normal_normal):
         return None
     value = _normal_normal_sum(layer.weight_mu, layer.weight_sigma, *numbers)
     if layer.bias_mu is not None:
-        value = value + _normal_normal_sum(layer.bias_mu, layer.bias_sigma, *numbers)
+        value = value + _normal_normal_sum(layer.bias_mu, layer.bias_sigma,
+                                           *_normal_prior_numbers(layer.prior_spec, layer.bias_mu))
     if api._VALIDATE and not bool(torch.isfinite(value.detach())):
         return None
     return value
