@@ -383,12 +383,14 @@ def main(argv=None) -> int:
     bad = [s for s in args.sections if s not in runners]
     if bad:
         p.error(f"--sections must be among {', '.join(runners)}, got {', '.join(bad)}")
-    for name in args.sections:
-        result["sections"].append(runners[name]())
-        # written after every section, so a later failure or a killed run leaves the earlier results
-        atomic_io.write_text(args.out_dir / f"{stem}.json", json.dumps(result, indent=1) + "\n")
-        atomic_io.write_text(args.out_dir / f"{stem}.md", markdown(result))
-    shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        for name in args.sections:
+            result["sections"].append(runners[name]())
+            # written after every section, so a later failure or a killed run leaves the earlier results
+            atomic_io.write_text(args.out_dir / f"{stem}.json", json.dumps(result, indent=1) + "\n")
+            atomic_io.write_text(args.out_dir / f"{stem}.md", markdown(result))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     print(markdown(result))
     return 0 if all(s["status"] == "ok" for s in result["sections"]) else 1
 

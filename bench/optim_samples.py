@@ -25,7 +25,8 @@ on the calling thread, so the CPU time is robust to other load on a shared machi
 ``vogn:batched:8`` alternately in one process (the ratios a busy machine cannot skew). The summary
 prints the ratios against ``ivon:sequential:1`` (VOGN's also against ``vogn:sequential:1``) and
 the targets (K = 8 step ≤ 3× and peak RSS ≤ 1.5× K = 1), with the noise floor: the time of drawing
-K·P standard normals alone.
+K·P standard normals alone (``noise_floor_cpu_s``: thread-CPU time on the CPU, synchronised wall-clock
+time on CUDA). A point whose process fails is named at the end, and the script exits with 1.
 
 ``--device cuda`` runs the model, data and optimizer state on the GPU: times are then wall-clock with
 the device synchronised around each step, the ratios use them, and the memory is the point's peak
@@ -267,10 +268,11 @@ def main(argv=None) -> int:
         parse(point)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, failed = [], []
     for point in args.points + (["interleaved"] if args.interleaved else []):
         row = _run_one(args, point)
         if row is None:
+            failed.append(point)
             continue
         rows.append(row)
         atomic_io.append_line(out, json.dumps(row))
@@ -279,7 +281,9 @@ def main(argv=None) -> int:
                   f"peak {row['peak_bytes'] / 2**20:7.0f} MiB", flush=True)
     for line in summary(rows):
         print(line)
-    return 0
+    if failed:
+        print(f"failed points (see above): {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -243,3 +243,23 @@ def test_registered_kl_reads_torchs_memo_and_sees_new_registrations():
         del _KL_REGISTRY[Narrow, D.Normal]
         _KL_MEMOIZE.clear()
     assert registered_kl(Narrow, D.Normal) is _kl_normal_normal
+
+
+def test_plain_normal_layer_kl_keeps_signed_zeros_and_the_prior_shape_check():
+    from mcgraph.nn.layer_kl import _plain_normal_kl
+
+    # loc = -0.0: μ - loc turns μ = -0.0 into +0.0, so that subtraction is not skipped (same gradient sign)
+    layer = mg.nn.BayesLinear(2, 1, prior=NormalPrior(-0.0, 1.0), dtype=F64)
+    with torch.no_grad():
+        layer.weight_mu.fill_(-0.0)
+    assert NormalPrior(-0.0, 1.0).normal_parameters(layer.weight_mu)[0] is not None
+    assert NormalPrior(0.0, 1.0).normal_parameters(layer.weight_mu) == (None, None)
+    fast = torch.autograd.grad(layer.kl(seed=0), layer.weight_mu)[0]
+    engine = torch.autograd.grad(layer.kl(seed=0, method="closed-form"), layer.weight_mu)[0]
+    assert torch.equal(fast, engine) and torch.equal(torch.signbit(fast), torch.signbit(engine))
+    # a prior that no longer fits the weight: the general path's error, not torch's
+    layer = mg.nn.BayesLinear(5, 4)
+    layer.prior_spec = D.Normal(torch.zeros(7), 1.0)
+    assert _plain_normal_kl(layer) is None
+    with pytest.raises(ValueError, match=r"prior: shape \(7,\) does not broadcast with the parameter shape \(4, 5\)"):
+        layer.kl(seed=0)

@@ -110,7 +110,7 @@ class NormalPrior:
     def normal_parameters(self, like: torch.Tensor) -> tuple:
         """``(loc, scale)`` of the ``Normal`` this prior builds for ``like`` (``(None, None)`` for N(0, 1)):
         what the layers' closed-form KL reads instead of building the distribution."""
-        if self.loc == 0.0 and self.scale == 1.0:
+        if self.loc == 0.0 and math.copysign(1.0, self.loc) > 0 and self.scale == 1.0:  # +0: x - 0 is x
             return None, None
         return self._tensors(like)
 

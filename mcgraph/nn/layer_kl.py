@@ -45,6 +45,7 @@ from torch.distributions.kl import _kl_normal_normal
 from ..engine import api
 from ..engine.closed_form import registered_kl
 from ..engine.registry import Registry
+from ..engine.shapes import broadcast_shapes
 from ..engine.api import kl_divergence
 from ..engine.noise import mix_seed, resolve_seed
 from .masks import unmasked_posterior, weight_mask
@@ -132,6 +133,10 @@ def _normal_prior_numbers(spec, like: torch.Tensor) -> tuple | None:
     if isinstance(spec, str):
         return (None, None) if PRIORS.get(spec.lower()) is _normal_prior else None
     if type(spec) is Normal:
+        try:  # as make_prior checks it: a prior that no longer fits takes the general path and its error
+            broadcast_shapes(spec.batch_shape, like.shape)
+        except RuntimeError:
+            return None
         return spec.loc, spec.scale
     numbers = getattr(spec, "normal_parameters", None)
     return None if numbers is None else numbers(like)
@@ -159,12 +164,8 @@ def _plain_normal_kl(layer) -> torch.Tensor | None:
     its own distributions), a pruned layer, a registered layer rule, a KL rule re-registered with
     torch, or a result that is not finite (the general path names the parameter at fault).
     """
-    from .layers import BayesLayer
-
-    cls = type(layer)
-    if (getattr(layer, "_posterior_factory", None) is not Normal or cls.posterior is not BayesLayer.posterior
-            or cls.prior is not BayesLayer.prior or cls.bias_posterior is not BayesLayer.bias_posterior
-            or cls.bias_prior is not BayesLayer.bias_prior):
+    plain = getattr(layer, "_has_plain_distributions", None)
+    if getattr(layer, "_posterior_factory", None) is not Normal or plain is None or not plain():
         return None
     numbers = _normal_prior_numbers(layer.prior_spec, layer.weight_mu)
     if (numbers is None or weight_mask(layer) is not None or find_layer_kl(Normal, Normal) is not None

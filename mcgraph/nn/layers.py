@@ -239,6 +239,13 @@ class BayesLayer(BayesianModule):
     def is_bayesian_bias(self) -> bool:
         return self.bias_mu is not None
 
+    def _has_plain_distributions(self) -> bool:
+        """Whether :attr:`posterior`, :attr:`prior` and their bias twins are this class's own (a subclass
+        that overrides one builds its distributions another way, and its KL takes the general path)."""
+        cls = type(self)
+        return (cls.posterior is BayesLayer.posterior and cls.prior is BayesLayer.prior
+                and cls.bias_posterior is BayesLayer.bias_posterior and cls.bias_prior is BayesLayer.bias_prior)
+
     def kl(self, num_samples: int | None = None, *, seed: int | None = None, method: str = "auto",
            return_stderr: bool = False, process_group=None):
         """KL(q ‖ p) of this layer's weight (and Bayesian bias), summed: a 0-d tensor.
