@@ -420,6 +420,47 @@ def test_step_samples_falls_back_to_the_loop_where_vmap_refuses_the_model():
         assert torch.equal(a, b)
 
 
+class _CountingLinear(nn.Linear):
+    """A layer that updates a buffer in place in its forward: vmap cannot batch it."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.float64))
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return super().forward(x)
+
+
+def test_step_samples_remembers_a_model_vmap_refused_and_checks_batchnorm_before_drawing():
+    torch.manual_seed(0)
+    net = nn.Sequential(_CountingLinear(5, 8), nn.Tanh(), nn.Linear(8, 3)).to(DT)
+    ref = copy.deepcopy(net)
+    x, y = _data()
+    opt, opt_ref = IVON(net, lr=0.1, ess=50, mc_samples=3, seed=0), IVON(ref, lr=0.1, ess=50, mc_samples=3, seed=0)
+    tried = []
+    vectorized = opt._vectorized_samples
+    opt._vectorized_samples = lambda *a, **k: tried.append(1) or vectorized(*a, **k)
+    for step in range(3):
+        opt.step_samples(lambda: F.cross_entropy(net(x), y))
+        opt_ref.step_samples(lambda: F.cross_entropy(ref(x), y), vectorize=False)
+        assert len(tried) == 1  # the first call tried vmap, the later ones went to the loop at once
+    for a, b in zip(net.parameters(), ref.parameters()):
+        assert torch.equal(a, b)
+    assert float(net[0].calls) == float(ref[0].calls)  # the refused attempt counted no forward
+    # BatchNorm with batch statistics is refused before any noise is drawn, and not remembered:
+    bn = nn.Sequential(nn.Linear(5, 8), nn.BatchNorm1d(8), nn.Linear(8, 3)).to(DT)
+    opt = IVON(bn, lr=0.1, ess=50, mc_samples=3, seed=0)
+    tried.clear()
+    vectorized = opt._vectorized_samples
+    opt._vectorized_samples = lambda *a, **k: tried.append(1) or vectorized(*a, **k)
+    opt.step_samples(lambda: F.cross_entropy(bn(x), y))
+    assert not tried
+    bn.eval()  # frozen statistics: the batched pass runs
+    opt.step_samples(lambda: F.cross_entropy(bn(x), y))
+    assert tried
+
+
 @pytest.mark.parametrize("seed, hess_approx", [(None, "price"), (4, "gradsq")])
 def test_batched_samples_take_the_step_of_k_sequential_blocks_on_the_same_noise(seed, hess_approx):
     """K = 5 samples in one vmapped pass vs 5 ``sampled_params`` blocks: the same noise rows (global generator

@@ -542,6 +542,14 @@ def test_a_layer_called_twice_per_forward_is_run_sample_by_sample():
     oa.step_samples(_loss(model, x, y))
     ob.step(_closure(ob, twin, x, y))
     _assert_same_state(oa, model, ob, twin, rtol=0, atol=0)
+    # the refusal is remembered: later steps take the closure path without the batched attempt
+    tried = []
+    batched = oa._collect_batched
+    oa._collect_batched = lambda *a, **k: tried.append(1) or batched(*a, **k)
+    oa.step_samples(_loss(model, x, y))
+    ob.step(_closure(ob, twin, x, y))
+    assert not tried
+    _assert_same_state(oa, model, ob, twin, rtol=0, atol=0)
 
 
 def test_step_samples_arguments():

@@ -95,6 +95,7 @@ import contextlib
 import enum
 import math
 import numbers
+import weakref
 from typing import Callable, Iterator
 
 import torch
@@ -105,7 +106,7 @@ from ..engine.checks import all_finite
 from ..engine.noise import mix_seed
 from ._checks import non_negative_real, positive_int, positive_real, real_in, seed_or_none
 from ._state import CountedOptimizer
-from .batched_samples import default_chunk_size
+from .batched_samples import Unbatchable, check_batchable, default_chunk_size
 
 __all__ = ["IVON", "HessApprox"]
 
@@ -220,6 +221,8 @@ class IVON(CountedOptimizer):
             self._group = check_process_group(process_group)
         self.counters = {"step": 0, "skipped": 0, "seed": seed}
         self._active = False
+        #: models step_samples ran in the loop because vmap refused them (not saved: tried again after a resume)
+        self._looped_models: weakref.WeakSet = weakref.WeakSet()
         self._reset_samples()
         with torch.no_grad():
             for p, group in flat:
@@ -545,7 +548,8 @@ class IVON(CountedOptimizer):
         at every sample of the chunk. Otherwise, or when vmap refuses the model and ``vectorize`` is
         ``None``, the samples run one after the other. vmap refuses BatchNorm in training mode (batch
         statistics would mix the samples; its running statistics are updated in place) and other
-        in-place updates of buffers; such models fall back to the loop. Both paths use the same noise as K
+        in-place updates of buffers; such models fall back to the loop, and later calls run them in the
+        loop at once (no noise drawn for an attempt that cannot succeed). Both paths use the same noise as K
         ``sampled_params(train=True)`` blocks and give the same step up to float rounding.
 
         Memory: a chunk of S samples holds ``S`` stacked weight samples, their noise and their
@@ -581,16 +585,24 @@ class IVON(CountedOptimizer):
             flat = self._flat()
             chunk_size = default_chunk_size(self.mc_samples, sum(p.numel() for p, _ in flat), flat[0][0].device)
         draws, count = self._draws, self._count
-        if vectorize or (vectorize is None and model is not None and self.mc_samples > 1):
+        batched = vectorize or (vectorize is None and model is not None and self.mc_samples > 1
+                                and model not in self._looped_models)
+        if batched and not vectorize:  # BatchNorm with batch statistics: the loop, before any noise is drawn
+            try:
+                check_batchable(model)
+            except Unbatchable:
+                batched = False
+        if batched:
             try:
                 losses = []
                 for start in range(0, self.mc_samples, chunk_size):
                     size = min(chunk_size, self.mc_samples - start)
                     losses.append(self._vectorized_samples(loss_fn, model, size) * size)
-            except Exception:  # noqa: BLE001 -- vmap refuses the model (BatchNorm statistics, in-place buffers)
+            except Exception:  # noqa: BLE001 -- vmap refuses the model (in-place buffer updates, …)
                 if vectorize or self._count != count:
                     raise
                 self._draws = draws  # nothing was recorded: the loop draws the same noise
+                self._looped_models.add(model)  # and later calls go there at once
             else:
                 return self._step_checked(sum(losses) / self.mc_samples, before_step)
         losses = []

@@ -142,6 +142,7 @@ class VOGN(GaussianVariationalOptimizer):
                  loss_reduction: str = "mean", seed: int | None = None, spike_slab=None,
                  process_group=None, parallel: str = "data", check_noise: bool = True) -> None:
         self.check_noise = bool(check_noise)
+        self._vmap_refused = False  # step_samples found a layer vmap cannot batch: later calls take step()
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
             raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
         try:
@@ -242,7 +243,8 @@ class VOGN(GaussianVariationalOptimizer):
         gradients from zero probes on the layers' outputs, see :mod:`mcgraph.optim.batched_samples`).
         Otherwise, or when vmap refuses the model (BatchNorm in training mode, a layer called twice per
         forward) and ``vectorize`` is ``None``, the step is :meth:`step` with a closure around
-        ``loss_fn``. Both give the same step on the same noise, up to float rounding.
+        ``loss_fn`` (a refusal found in the batched pass is remembered: later calls take :meth:`step` at
+        once). Both give the same step on the same noise, up to float rounding.
 
         Memory: a chunk of S samples holds S stacked weight samples and their gradients (about
         ``2·S·P`` numbers) beside S times the batch's activations.
@@ -274,7 +276,7 @@ class VOGN(GaussianVariationalOptimizer):
             loss.backward()
             return loss
 
-        if vectorize is False or (vectorize is None and self.num_mc_samples == 1):
+        if vectorize is False or (vectorize is None and (self.num_mc_samples == 1 or self._vmap_refused)):
             return self.step(closure)
         try:
             check_batchable(self.model)  # before the initialisation pass runs the model once
@@ -291,6 +293,7 @@ class VOGN(GaussianVariationalOptimizer):
         except Unbatchable:
             if vectorize:
                 raise
+            self._vmap_refused = True
         # nothing was committed: forget the initialisation pass, if any, and take the step sample by sample
         self.counters.update(counters)
         for n, b in self.model.named_buffers():
