@@ -263,3 +263,9 @@ def test_plain_normal_layer_kl_keeps_signed_zeros_and_the_prior_shape_check():
     assert _plain_normal_kl(layer) is None
     with pytest.raises(ValueError, match=r"prior: shape \(7,\) does not broadcast with the parameter shape \(4, 5\)"):
         layer.kl(seed=0)
+    # a weight-shaped prior fits the weight but not a Bayesian bias: the general path's error too
+    layer = mg.nn.BayesLinear(5, 4, bayesian_bias=True)
+    layer.prior_spec = D.Normal(torch.zeros(4, 5), torch.ones(4, 5))
+    assert _plain_normal_kl(layer) is None
+    with pytest.raises(ValueError, match=r"prior: shape \(4, 5\) does not broadcast with the parameter shape \(4,\)"):
+        layer.kl(seed=0)

@@ -168,13 +168,13 @@ def _plain_normal_kl(layer) -> torch.Tensor | None:
     if getattr(layer, "_posterior_factory", None) is not Normal or plain is None or not plain():
         return None
     numbers = _normal_prior_numbers(layer.prior_spec, layer.weight_mu)
-    if (numbers is None or weight_mask(layer) is not None or find_layer_kl(Normal, Normal) is not None
-            or registered_kl(Normal, Normal) is not _kl_normal_normal):
+    bias_numbers = None if layer.bias_mu is None else _normal_prior_numbers(layer.prior_spec, layer.bias_mu)
+    if (numbers is None or (layer.bias_mu is not None and bias_numbers is None) or weight_mask(layer) is not None
+            or find_layer_kl(Normal, Normal) is not None or registered_kl(Normal, Normal) is not _kl_normal_normal):
         return None
     value = _normal_normal_sum(layer.weight_mu, layer.weight_sigma, *numbers)
-    if layer.bias_mu is not None:
-        value = value + _normal_normal_sum(layer.bias_mu, layer.bias_sigma,
-                                           *_normal_prior_numbers(layer.prior_spec, layer.bias_mu))
+    if bias_numbers is not None:
+        value = value + _normal_normal_sum(layer.bias_mu, layer.bias_sigma, *bias_numbers)
     if api._VALIDATE and not bool(torch.isfinite(value.detach())):
         return None
     return value
