@@ -321,7 +321,7 @@ def markdown(result: dict) -> str:
         for row in om["rows"]:
             lines.append(f"| {row['point']} | {row['step_s'] * 1e3:.2f} | {_fmt_bytes(row.get('peak_bytes'))} |")
         lines += [""] + [f"    {line}" for line in om["output_tail"].splitlines()
-                         if line.startswith(("ivon K=8", "vogn K=8", "ivon K=", "vogn K="))]
+                         if line.startswith(("ivon K=", "vogn K="))]
     return "\n".join(lines) + "\n"
 
 
