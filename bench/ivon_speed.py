@@ -10,6 +10,8 @@ Providers, each a full training step (zero the gradients, forward, cross-entropy
 * ``ivon`` — ``mg.optim.IVON(model, lr=0.1, ess=N, seed=0)``, one ``sampled_params(train=True)`` block
   and ``step()`` (K = 1);
 * ``ivon-global`` — the same with ``seed=None`` (noise from torch's global generator, as ivon-opt);
+* ``ivon-foreach`` — ``ivon`` with ``fused=False``: the update as torch foreach operations instead of
+  the compiled one-pass loop the CPU default takes (the same numbers; CPU only);
 * ``ivon-opt`` — the reference package's ``ivon.IVON`` in the same loop, when it is installed;
 * ``forward-backward`` and ``randn`` — the floors: the step without any update, and drawing P
   standard normals (``torch.randn``) alone, the noise every IVON step needs.
@@ -46,7 +48,7 @@ from mcgraph.apps.bench.records import git_commit
 from mcgraph.apps.training_run import mlp
 
 MODELS = ("tiny", "peer", "lenet5")
-PROVIDERS = ("adam", "ivon", "ivon-global", "ivon-opt", "forward-backward", "randn")
+PROVIDERS = ("adam", "ivon", "ivon-global", "ivon-foreach", "ivon-opt", "forward-backward", "randn")
 DATASET = 60_000
 
 
@@ -70,6 +72,8 @@ def stepper(provider: str, build, x, y):
     torch.manual_seed(0)
     model = build().to(x.device)
     numel = sum(p.numel() for p in model.parameters())
+    if provider == "ivon-foreach" and x.device.type != "cpu":
+        return None  # the compiled update is the CPU's: on other devices ivon is this provider
     if provider == "randn":
         return lambda: torch.randn(numel, device=x.device)
     if provider == "forward-backward":
@@ -91,8 +95,9 @@ def stepper(provider: str, build, x, y):
         import ivon
 
         opt = ivon.IVON(model.parameters(), lr=0.1, ess=DATASET)
-    elif provider in ("ivon", "ivon-global"):
-        opt = mg.optim.IVON(model, lr=0.1, ess=DATASET, seed=0 if provider == "ivon" else None)
+    elif provider in ("ivon", "ivon-global", "ivon-foreach"):
+        opt = mg.optim.IVON(model, lr=0.1, ess=DATASET, seed=None if provider == "ivon-global" else 0,
+                            fused=False if provider == "ivon-foreach" else None)
     else:
         raise ValueError(f"provider must be one of {PROVIDERS}, got {provider!r}")
 

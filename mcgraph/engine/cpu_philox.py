@@ -46,14 +46,12 @@ Example:
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import math
-import os
 import pathlib
-import subprocess
-import threading
 
 import torch
+
+from . import native
 
 #: Elementwise noise laws the compiled stream draws and reduces (``mcgraph.engine.backend.triton_noise``
 #: names) → the C++ law code.
@@ -89,59 +87,12 @@ TARGET_ITEMS = 64
 MIN_SEGMENT = 256
 
 _SOURCE = pathlib.Path(__file__).with_name("csrc") / "cpu_philox.cpp"
-_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC",
-          "-std=c++17"]
+_FLAGS = list(native.FLAGS)
 #: Seconds a build may take before it counts as failed.
-BUILD_TIMEOUT = 300
-
-_lock = threading.Lock()
-_state: dict = {}  # "lib" (the loaded library) or "error" (why not), set once per process
+BUILD_TIMEOUT = native.BUILD_TIMEOUT
 
 
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return line
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
-
-
-def compiler() -> str:
-    """The C++ compiler a build runs: ``$CXX``, else ``c++``."""
-    return os.environ.get("CXX", "").strip() or "c++"
-
-
-def build_path() -> pathlib.Path:
-    """Where the library is (or will be) built: a name hashing source, flags and the CPU's flags."""
-    h = hashlib.sha256()
-    for part in (_SOURCE.read_bytes(), " ".join(_FLAGS).encode(), _cpu_flags().encode()):
-        h.update(part)
-    root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "torch_extensions")
-    return pathlib.Path(root) / f"mcgraph_cpu_philox_{h.hexdigest()[:16]}" / "cpu_philox.so"
-
-
-def _build(path: pathlib.Path, flags=tuple(_FLAGS)) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.stem}.{os.getpid()}.{threading.get_ident()}.tmp.so")
-    cmd = [compiler(), *flags, str(_SOURCE), "-o", str(tmp)]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise RuntimeError(f"{' '.join(cmd[:1])} exited with {done.returncode}: {last}")
-        os.replace(tmp, path)  # atomic: a concurrent process loads either no file or a whole one
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _load(path: pathlib.Path):
-    lib = ctypes.CDLL(str(path))
+def _declare(lib) -> None:
     i64, u64, vp, ci = ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int
     lib.mcgraph_philox_rows.argtypes = [ci, i64, i64, i64, u64, ci, vp, ci]
     lib.mcgraph_philox_rows.restype = ci
@@ -161,8 +112,21 @@ def _load(path: pathlib.Path):
     lib.mcgraph_philox_words.restype = None
     lib.mcgraph_philox_isa.restype = ctypes.c_char_p
     if lib.mcgraph_philox_lanes() != LANES:
-        raise RuntimeError(f"{path}: built with LANES = {lib.mcgraph_philox_lanes()}, expected {LANES}")
-    return lib
+        raise RuntimeError(f"built with LANES = {lib.mcgraph_philox_lanes()}, expected {LANES}")
+
+
+_LIBRARY = native.NativeLibrary("cpu_philox", _SOURCE, _declare, _FLAGS)
+_cpu_flags = native.cpu_flags
+compiler = native.compiler
+build_path = _LIBRARY.build_path
+
+
+def _build(path: pathlib.Path, flags=tuple(_FLAGS)) -> None:
+    _LIBRARY.build(path, flags)
+
+
+def _load(path: pathlib.Path):
+    return _LIBRARY.open(path)
 
 
 def extension():
@@ -171,37 +135,22 @@ def extension():
     Never raises: a failed build is remembered for the rest of the process and
     :func:`unavailable_reason` returns its message.
     """
-    if "lib" in _state or "error" in _state:
-        return _state.get("lib")
-    with _lock:
-        if "lib" not in _state and "error" not in _state:
-            try:
-                path = build_path()
-                if not path.exists():
-                    _build(path)
-                try:
-                    _state["lib"] = _load(path)
-                except (OSError, RuntimeError):  # a stale or damaged cached build: build it once more
-                    _build(path)
-                    _state["lib"] = _load(path)
-            except Exception as exc:  # noqa: BLE001 - any build or load failure means: the torch stream
-                _state["error"] = f"{type(exc).__name__}: {exc}"
-    return _state.get("lib")
+    return _LIBRARY.load()
 
 
 def built() -> bool:
     """Whether this process has already loaded the library (no build is attempted)."""
-    return "lib" in _state
+    return _LIBRARY.built()
 
 
 def unavailable_reason() -> str | None:
     """Why :func:`extension` returned ``None`` (``None`` when it loaded or was never tried)."""
-    return _state.get("error")
+    return _LIBRARY.unavailable_reason()
 
 
 def isa() -> str | None:
     """The instruction set of the loaded build's Philox rounds (``avx512``, ``avx2``, ``portable``)."""
-    lib = _state.get("lib")
+    lib = _LIBRARY.load() if _LIBRARY.built() else None
     return None if lib is None else lib.mcgraph_philox_isa().decode()
 
 

@@ -106,6 +106,7 @@ from ..engine.checks import all_finite
 from ..engine.noise import mix_seed
 from ._checks import non_negative_real, positive_int, positive_real, real_in, seed_or_none
 from ._state import CountedOptimizer
+from . import ivon_kernel
 from .batched_samples import Unbatchable, check_batchable, default_chunk_size
 
 __all__ = ["IVON", "HessApprox"]
@@ -163,6 +164,13 @@ class IVON(CountedOptimizer):
             block since the last step, training or not) of step ``t`` of parameter ``j`` seeded with
             ``mix(mix(mix(seed, t), k), j)`` (reproducible, resumable bitwise).
         process_group: ``None`` or a ``torch.distributed`` group over which ĝ and ĥ are averaged.
+        fused: how :meth:`step` updates CPU parameters. ``None`` (default): one compiled pass per
+            parameter (:mod:`mcgraph.optim.ivon_kernel`, built by the C++ compiler at the first step,
+            about a second once per machine) where the state is contiguous float32 or float64 on the
+            CPU and a compiler is found, else torch's foreach operations; ``True``: the compiled pass,
+            raising if it cannot be had; ``False``: the foreach operations. Both give the same numbers
+            bit for bit; the compiled pass reads and writes each element once instead of about twenty
+            times (on a 1.8 M-parameter MLP it takes the update from 11.5 to 3.1 ms).
 
     Raises:
         ValueError: a hyperparameter out of range, or no parameters.
@@ -173,7 +181,7 @@ class IVON(CountedOptimizer):
                  beta2: float = 0.99999, weight_decay: float = 1e-4, mc_samples: int = 1,
                  hess_approx: str | HessApprox = HessApprox.PRICE, clip_radius: float = float("inf"),
                  sync: bool = False, debias: bool = True, rescale_lr: bool = True, *, seed: int | None = None,
-                 process_group=None) -> None:
+                 process_group=None, fused: bool | None = None) -> None:
         self.model = params if isinstance(params, nn.Module) else None
         if self.model is not None:
             params = list(self.model.parameters())
@@ -208,6 +216,19 @@ class IVON(CountedOptimizer):
             real_in("beta2", group["beta2"], 0.0, 1.0)
             _radius(group["clip_radius"])
         self._on_cpu = all(p.device.type == "cpu" for p, _ in flat)
+        if fused is not None and not isinstance(fused, bool):
+            raise TypeError(f"fused must be None, True or False, got {fused!r}")
+        if fused:
+            unfit = [p for p, _ in flat if p.device.type != "cpu" or not p.is_contiguous()]
+            if unfit:
+                raise ValueError(f"fused=True: the compiled step takes contiguous CPU parameters; one is "
+                                 f"{'on ' + str(unfit[0].device) if unfit[0].device.type != 'cpu' else 'not contiguous'} "
+                                 f"(pass fused=None to use it where it applies, or fused=False)")
+            if ivon_kernel.library() is None:
+                raise RuntimeError(f"fused=True: the compiled IVON step could not be built "
+                                   f"({ivon_kernel.unavailable_reason()}); install a C++ compiler or set CXX, "
+                                   f"or pass fused=None / False")
+        self.fused = fused
         self.mc_samples = defaults["mc_samples"]
         self.hess_approx = hess_approx.value
         self.sync = bool(sync)
@@ -485,17 +506,31 @@ class IVON(CountedOptimizer):
         self.counters["step"] += 1
         t = self.counters["step"]
         i = 0
-        # One foreach call per operation and group, in place: the arithmetic of the module docstring in
-        # ivon-opt's order of operations (bitwise equal to it), on the samples' buffers, which are free
-        # after their last use (ĝ -> (1-β₁)ĝ -> the correction, ĥ -> f -> the step): a step allocates
-        # nothing of the parameters' size (fresh temporaries cost more than the copies on CPU).
-        for group, (hess_wd, _) in zip(self.param_groups, scales):
+        next_scales = []  # per group, (key, h + δ, 1/σ) of the next step where the compiled pass made them
+        for group, (hess_wd, inv) in zip(self.param_groups, scales):
             ps = group["params"]
             gbar, fbar = avg_grad[i:i + len(ps)], avg_hess[i:i + len(ps)]
             i += len(ps)
             b1, b2, wd, ess = group["beta1"], group["beta2"], group["weight_decay"], group["ess"]
             states = [self.state[p] for p in ps]
             momentum, hess = [st["momentum"] for st in states], [st["hess"] for st in states]
+            lr = group["lr"] * (group["hess_init"] + wd) if self.rescale_lr else group["lr"]
+            debias = 1.0 - math.pow(b1, float(t)) if self.debias else 1.0        # line 5
+            means = [self._mean(p) for p in ps]
+            if self._compiled(means, momentum, hess, gbar, fbar, hess_wd, inv):
+                for j, st in enumerate(states):
+                    ivon_kernel.step_(means[j], momentum[j], hess[j], gbar[j], fbar[j], hess_wd[j], inv[j],
+                                      beta1=b1, beta2=b2, ess=ess, weight_decay=wd, debias=debias, lr=lr,
+                                      clip_radius=group["clip_radius"], price=self.hess_approx == HessApprox.PRICE)
+                    if "mean" in st:
+                        ps[j].copy_(st["mean"])
+                torch._foreach_sqrt_(inv)  # torch's square root, as _group_scales takes it
+                next_scales.append(((ess, wd), hess_wd, inv))
+                continue
+            # One foreach call per operation and group, in place: the arithmetic of the module docstring in
+            # ivon-opt's order of operations (bitwise equal to it), on the samples' buffers, which are free
+            # after their last use (ĝ -> (1-β₁)ĝ -> the correction, ĥ -> f -> the step): a step allocates
+            # nothing of the parameters' size (fresh temporaries cost more than the copies on CPU).
             torch._foreach_mul_(momentum, self._scalar(b1, momentum))
             torch._foreach_mul_(gbar, self._scalar(1.0 - b1, gbar))
             torch._foreach_add_(momentum, gbar)                                    # line 3: g
@@ -512,9 +547,6 @@ class IVON(CountedOptimizer):
             torch._foreach_mul_(fbar, self._scalar(1.0 - b2, fbar))
             torch._foreach_add_(hess, fbar)
             torch._foreach_add_(hess, corr)                                        # line 4: h
-            lr = group["lr"] * (group["hess_init"] + wd) if self.rescale_lr else group["lr"]
-            debias = 1.0 - math.pow(b1, float(t)) if self.debias else 1.0        # line 5
-            means = [self._mean(p) for p in ps]
             step = fbar
             torch._foreach_copy_(step, momentum)
             torch._foreach_div_(step, self._scalar(debias, step))
@@ -534,7 +566,20 @@ class IVON(CountedOptimizer):
                 if "mean" in st:
                     p.copy_(st["mean"])
         self._reset_samples()
+        if len(next_scales) == len(self.param_groups):
+            self._scales = next_scales
         return loss
+
+    def _compiled(self, *lists: list[torch.Tensor]) -> bool:
+        """Whether :meth:`step` updates a group (its state ``lists``) by the compiled pass (see ``fused``)."""
+        if self.fused is False or not self._on_cpu:
+            return False
+        if not all(ivon_kernel.supports(t) for ts in lists for t in ts):
+            if self.fused:
+                raise RuntimeError("fused=True: a parameter's optimizer state is not a contiguous float32 or "
+                                   "float64 CPU tensor (pass fused=None to use the compiled step where it applies)")
+            return False
+        return ivon_kernel.library() is not None
 
     def step_samples(self, loss_fn: Callable[[], torch.Tensor], *, vectorize: bool | None = None,
                      model: nn.Module | None = None, chunk_size: int | None = None,

@@ -1,0 +1,126 @@
+// IVON's update in one pass over memory (built at first use by mcgraph.optim.ivon_kernel).
+//
+// mcgraph.optim.IVON.step runs Algorithm 1, lines 3-6, of Shen et al. (ICML 2024) as about twenty
+// element-wise torch operations, each a pass over every parameter-sized buffer. This loop does the
+// same operations, in the same order and the same precision, on each element once:
+//
+//   g  <- b1 g + (1 - b1) g_avg                                          (line 3)
+//   f  <- ess * (price ? h_avg * (h + wd) : h_avg)                       (line 2: lambda h-hat)
+//   h' <- b2 h + (1 - b2) f + 0.5 (1 - b2)^2 (h - f)^2 / (h + wd)        (line 4, eq. 8)
+//   s  <- clip((g / debias + wd m) / (h' + wd), rho)                     (lines 5-6)
+//   m  <- m - lr s
+//
+// and writes the next step's h' + wd and ess (h' + wd) (whose square root is 1/sigma), which the
+// torch path computes in three more passes. Every operation is one IEEE-rounded multiply, add,
+// subtract or divide (compiled with -ffp-contract=off, no FMA the source does not write), so the
+// results equal the torch path's bit for bit; the tests compare them with torch.equal.
+//
+// Plain C++ and OpenMP, no torch headers; loaded with ctypes. Threads split the elements into
+// blocks; an element's result does not depend on the number of threads.
+
+#include <cstdint>
+
+namespace {
+
+template <typename T>
+struct Scalars {
+  T b1, one_minus_b1, ess, half_corr, b2, one_minus_b2, debias, wd, lr, clip;
+};
+
+template <typename T, bool PRICE, bool CLIP>
+void step_block(int64_t n, T* __restrict mean, T* __restrict momentum, T* __restrict hess,
+                const T* __restrict grad_avg, const T* __restrict hess_avg, T* __restrict hess_wd,
+                T* __restrict scale_sq, const Scalars<T> c) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    T g = momentum[i] * c.b1;
+    T gbar = grad_avg[i] * c.one_minus_b1;
+    g = g + gbar;
+    momentum[i] = g;
+    const T hw = hess_wd[i];  // h + wd of the step's start
+    T f = hess_avg[i];
+    if (PRICE) f = f * hw;  // g-hat * (theta - m) / sigma^2 = g-hat * noise * (h + wd) * ess
+    f = f * c.ess;
+    const T h0 = hess[i];
+    T corr = h0 - f;
+    corr = corr * corr;
+    corr = corr * c.half_corr;
+    corr = corr / hw;
+    T h = h0 * c.b2;
+    f = f * c.one_minus_b2;
+    h = h + f;
+    h = h + corr;
+    hess[i] = h;
+    T s = g / c.debias;
+    const T decay = mean[i] * c.wd;
+    s = s + decay;
+    const T hw_next = h + c.wd;
+    s = s / hw_next;
+    if (CLIP) {
+      s = s < -c.clip ? -c.clip : s;  // NaN stays NaN, as with torch.clamp
+      s = s > c.clip ? c.clip : s;
+    }
+    s = s * c.lr;
+    mean[i] = mean[i] - s;
+    hess_wd[i] = hw_next;
+    scale_sq[i] = hw_next * c.ess;
+  }
+}
+
+template <typename T, bool PRICE, bool CLIP>
+void step_all(int64_t n, T* mean, T* momentum, T* hess, const T* grad_avg, const T* hess_avg, T* hess_wd,
+              T* scale_sq, const Scalars<T> c, int threads) {
+  const int64_t block = 1 << 14;
+  const int64_t blocks = (n + block - 1) / block;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && blocks > 1)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t lo = b * block;
+    const int64_t len = n - lo < block ? n - lo : block;
+    step_block<T, PRICE, CLIP>(len, mean + lo, momentum + lo, hess + lo, grad_avg + lo, hess_avg + lo,
+                               hess_wd + lo, scale_sq + lo, c);
+  }
+}
+
+template <typename T>
+int step(int64_t n, void* mean, void* momentum, void* hess, const void* grad_avg, const void* hess_avg,
+         void* hess_wd, void* scale_sq, const double* s, int price, int clip, int threads) {
+  // Each scalar rounded once to T, as torch rounds a Python number or a 0-d tensor of T.
+  const Scalars<T> c{T(s[0]), T(s[1]), T(s[2]), T(s[3]), T(s[4]), T(s[5]), T(s[6]), T(s[7]), T(s[8]), T(s[9])};
+  auto m = static_cast<T*>(mean);
+  auto g = static_cast<T*>(momentum);
+  auto h = static_cast<T*>(hess);
+  auto ga = static_cast<const T*>(grad_avg);
+  auto ha = static_cast<const T*>(hess_avg);
+  auto hw = static_cast<T*>(hess_wd);
+  auto sq = static_cast<T*>(scale_sq);
+  if (price) {
+    if (clip) step_all<T, true, true>(n, m, g, h, ga, ha, hw, sq, c, threads);
+    else step_all<T, true, false>(n, m, g, h, ga, ha, hw, sq, c, threads);
+  } else {
+    if (clip) step_all<T, false, true>(n, m, g, h, ga, ha, hw, sq, c, threads);
+    else step_all<T, false, false>(n, m, g, h, ga, ha, hw, sq, c, threads);
+  }
+  return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+// scalars: b1, 1 - b1, ess, 0.5 (1 - b2)^2, b2, 1 - b2, debias, wd, lr, clip radius (10 doubles).
+// float64: 0 for float32 buffers, 1 for float64. Returns 0, or -1 for an unknown dtype.
+int mcgraph_ivon_step(int float64, int64_t n, void* mean, void* momentum, void* hess, const void* grad_avg,
+                      const void* hess_avg, void* hess_wd, void* scale_sq, const double* scalars, int price,
+                      int clip, int threads) {
+  if (float64 == 1)
+    return step<double>(n, mean, momentum, hess, grad_avg, hess_avg, hess_wd, scale_sq, scalars, price, clip,
+                        threads);
+  if (float64 == 0)
+    return step<float>(n, mean, momentum, hess, grad_avg, hess_avg, hess_wd, scale_sq, scalars, price, clip,
+                       threads);
+  return -1;
+}
+
+int mcgraph_ivon_abi() { return 1; }
+
+}  // extern "C"

@@ -1,0 +1,177 @@
+"""IVON's compiled one-pass update (``fused``) against the foreach path: the same numbers bit for bit."""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mcgraph.engine import native
+from mcgraph.optim import IVON, ivon_kernel
+
+pytestmark = pytest.mark.skipif(shutil.which(native.compiler()) is None, reason="no C++ compiler on this machine")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _net(dtype, seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 40), nn.Tanh(), nn.Linear(40, 3)).to(dtype)
+
+
+def _data(dtype, n=48):
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(n, 6, generator=g, dtype=dtype), torch.randint(0, 3, (n,), generator=g)
+
+
+def _run(opt, net, x, y, steps, samples):
+    for t in range(steps):
+        torch.manual_seed(100 + t)
+        for _ in range(samples):
+            with opt.sampled_params(train=True):
+                opt.zero_grad()
+                F.cross_entropy(net(x).float(), y).backward()
+        opt.step()
+
+
+def _assert_same(a, b, net_a, net_b):
+    assert a.current_step == b.current_step
+    for p, q in zip(net_a.parameters(), net_b.parameters()):
+        assert torch.equal(p, q)
+        for key in a.state[p]:
+            assert torch.equal(a.state[p][key], b.state[q][key]), key
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("hess_approx", ["price", "gradsq"])
+@pytest.mark.parametrize("clip_radius", [float("inf"), 1e-3])
+@pytest.mark.parametrize("flags", [(True, True), (False, False)])
+def test_compiled_step_equals_the_foreach_step_bit_for_bit(dtype, hess_approx, clip_radius, flags):
+    debias, rescale_lr = flags
+    x, y = _data(dtype)
+    net_a, net_b = _net(dtype), _net(dtype)
+    kw = dict(lr=0.2, ess=60, hess_init=0.3, beta2=0.9, weight_decay=1e-2, hess_approx=hess_approx,
+              clip_radius=clip_radius, debias=debias, rescale_lr=rescale_lr)
+    a, b = IVON(net_a, fused=True, **kw), IVON(net_b, fused=False, **kw)
+    _run(a, net_a, x, y, steps=12, samples=2)
+    _run(b, net_b, x, y, steps=12, samples=2)
+    _assert_same(a, b, net_a, net_b)
+    assert not torch.equal(net_a[0].weight, _net(dtype)[0].weight)  # the weights moved
+
+
+def test_default_takes_the_compiled_step_on_cpu_and_both_agree_over_groups_threads_and_bfloat16():
+    x, y = _data(torch.float32)
+    nets = [_net(torch.float32) for _ in range(2)]
+    for net in nets:
+        net[2].to(torch.bfloat16)  # state in float32, the parameter holds the rounded mean
+    x = x.float()
+
+    def groups(net):
+        return [{"params": net[0].parameters(), "lr": 0.05, "weight_decay": 0.1, "beta1": 0.5},
+                {"params": net[2].parameters(), "ess": 30.0}]
+
+    def forward(net, x):
+        return net[2](torch.tanh(net[0](x)).bfloat16()).float()
+
+    a, b = IVON(groups(nets[0]), lr=0.1, ess=50), IVON(groups(nets[1]), lr=0.1, ess=50, fused=False)
+    threads = torch.get_num_threads()
+    try:
+        for t in range(8):
+            torch.set_num_threads(1 + t % 2)  # the compiled pass splits elements over threads
+            for opt, net in ((a, nets[0]), (b, nets[1])):
+                torch.manual_seed(t)
+                with opt.sampled_params(train=True):
+                    opt.zero_grad()
+                    F.cross_entropy(forward(net, x), y).backward()
+                opt.step()
+    finally:
+        torch.set_num_threads(threads)
+    assert ivon_kernel.library() is not None and a._scales is not None  # the compiled pass made the next scales
+    _assert_same(a, b, nets[0], nets[1])
+
+
+def test_compiled_step_with_batched_samples_equals_the_foreach_step():
+    x, y = _data(torch.float64)
+    net_a, net_b = _net(torch.float64), _net(torch.float64)
+    a = IVON(net_a, lr=0.1, ess=40, mc_samples=3, seed=5)
+    b = IVON(net_b, lr=0.1, ess=40, mc_samples=3, seed=5, fused=False)
+    for _ in range(4):
+        for opt, net in ((a, net_a), (b, net_b)):
+            opt.step_samples(lambda net=net: F.cross_entropy(net(x), y), vectorize=True, model=net)
+    _assert_same(a, b, net_a, net_b)
+
+
+def test_a_checkpoint_resumes_across_the_two_paths():
+    x, y = _data(torch.float64)
+    net = _net(torch.float64)
+    opt = IVON(net, lr=0.1, ess=40, seed=3)
+    _run(opt, net, x, y, steps=3, samples=1)
+    twin_net = copy.deepcopy(net)
+    twin = IVON(twin_net, lr=0.1, ess=40, seed=3, fused=False)
+    twin.load_state_dict(copy.deepcopy(opt.state_dict()))
+    _run(opt, net, x, y, steps=3, samples=1)
+    _run(twin, twin_net, x, y, steps=3, samples=1)
+    _assert_same(opt, twin, net, twin_net)
+
+
+def test_changing_ess_between_steps_rescales_the_noise_on_both_paths():
+    x, y = _data(torch.float64)
+    net_a, net_b = _net(torch.float64), _net(torch.float64)
+    a, b = IVON(net_a, lr=0.1, ess=40, seed=1), IVON(net_b, lr=0.1, ess=40, seed=1, fused=False)
+    _run(a, net_a, x, y, steps=2, samples=1)
+    _run(b, net_b, x, y, steps=2, samples=1)
+    for opt in (a, b):
+        opt.param_groups[0]["ess"] = 400.0
+        opt.param_groups[0]["weight_decay"] = 0.5
+    _run(a, net_a, x, y, steps=2, samples=1)
+    _run(b, net_b, x, y, steps=2, samples=1)
+    _assert_same(a, b, net_a, net_b)
+
+
+def test_fused_argument_is_checked():
+    net = _net(torch.float32)
+    with pytest.raises(TypeError, match="fused"):
+        IVON(net, lr=0.1, ess=10, fused="yes")
+    w = nn.Parameter(torch.randn(4, 3).t())  # not contiguous
+    with pytest.raises(ValueError, match="fused=True.*not contiguous"):
+        IVON([w], lr=0.1, ess=10, fused=True)
+    opt = IVON([w], lr=0.1, ess=10)  # the default takes the foreach path for it
+    with opt.sampled_params(train=True):
+        (w.sum() ** 2).backward()
+    opt.step()
+    assert torch.isfinite(w).all()
+
+
+_NO_COMPILER = r"""
+import torch, torch.nn.functional as F
+from mcgraph.optim import IVON, ivon_kernel
+torch.manual_seed(0)
+net = torch.nn.Linear(3, 2)
+x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
+try:
+    IVON(net, lr=0.1, ess=8, fused=True)
+except RuntimeError as e:
+    assert "fused=True" in str(e) and "no-such-compiler" in str(e), e
+else:
+    raise AssertionError("fused=True built without a compiler")
+opt = IVON(net, lr=0.1, ess=8)
+with opt.sampled_params(train=True):
+    F.cross_entropy(net(x), y).backward()
+opt.step()
+assert ivon_kernel.library() is None and opt._scales is None
+print("OK")
+"""
+
+
+def test_without_a_compiler_the_default_keeps_the_foreach_step_and_fused_true_says_why(tmp_path):
+    env = {**os.environ, "CXX": str(tmp_path / "no-such-compiler"), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    proc = subprocess.run([sys.executable, "-c", _NO_COMPILER], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert proc.returncode == 0 and proc.stdout.strip() == "OK", proc.stderr[-3000:]
