@@ -108,6 +108,22 @@ def test_compiled_step_with_batched_samples_equals_the_foreach_step():
     _assert_same(a, b, net_a, net_b)
 
 
+@pytest.mark.parametrize("hess_approx", ["price", "gradsq"])
+def test_a_parameter_without_gradient_takes_the_same_step_on_both_paths(hess_approx):
+    x, y = _data(torch.float32)
+    nets = [nn.ModuleList([_net(torch.float32), nn.Linear(3, 3)]) for _ in range(2)]  # the second is unused
+    a = IVON(nets[0], lr=0.1, ess=40, hess_approx=hess_approx)
+    b = IVON(nets[1], lr=0.1, ess=40, hess_approx=hess_approx, fused=False)
+    for t in range(3):
+        for opt, net in ((a, nets[0]), (b, nets[1])):
+            torch.manual_seed(t)
+            with opt.sampled_params(train=True):
+                opt.zero_grad(set_to_none=True)
+                F.cross_entropy(net[0](x), y).backward()
+            opt.step()
+    _assert_same(a, b, nets[0], nets[1])
+
+
 def test_a_checkpoint_resumes_across_the_two_paths():
     x, y = _data(torch.float64)
     net = _net(torch.float64)

@@ -335,9 +335,10 @@ class IVON(CountedOptimizer):
 
         return dist.get_rank(group), dist.get_world_size(group), group
 
-    def _noise(self) -> list[torch.Tensor]:
+    def _noise(self, scaled: bool = True) -> list[torch.Tensor]:
         """``σ ⊙ ε`` of the next sample for every parameter (in its state dtype): row 0 of
-        :meth:`_noise_rows` ``(1)``, drawn without the sample axis (the one-sample path of every step)."""
+        :meth:`_noise_rows` ``(1)``, drawn without the sample axis (the one-sample path of every step).
+        ``scaled=False``: ε itself (the caller divides by 1/σ)."""
         flat = self._flat()
         eps = []
         if self.seed is None:
@@ -359,8 +360,13 @@ class IVON(CountedOptimizer):
                 gen.manual_seed(mix_seed(base, j))
                 eps.append(torch.randn(p.shape, generator=gen, device=p.device, dtype=_state_dtype(p)))
         self._draws += 1
-        torch._foreach_div_(eps, [v for _, group_inv in self._group_scales() for v in group_inv])
+        if scaled:
+            torch._foreach_div_(eps, self._inverse_scales())
         return eps
+
+    def _inverse_scales(self) -> list[torch.Tensor]:
+        """1/σ of every parameter, in :meth:`_flat` order."""
+        return [v for _, group_inv in self._group_scales() for v in group_inv]
 
     def _noise_rows(self, samples: int) -> list[torch.Tensor]:
         """``σ ⊙ ε`` of the next ``samples`` draws, ``(samples, *p.shape)`` per parameter (its state dtype).
@@ -421,9 +427,16 @@ class IVON(CountedOptimizer):
             return
         flat = self._flat()
         with torch.no_grad():
-            noise = self._noise()
+            means = [self._mean(p) for p, _ in flat]
+            if self._compiled(means, self._inverse_scales()):
+                noise, thetas = self._noise(scaled=False), [torch.empty_like(m) for m in means]
+                for eps, inv, mean, theta in zip(noise, self._inverse_scales(), means, thetas):
+                    ivon_kernel.sample_(eps, inv, mean, theta)
+            else:
+                noise = self._noise()
+                thetas = torch._foreach_add(means, noise)
             saved = [p.data for p, _ in flat]
-            for (p, _), theta in zip(flat, torch._foreach_add([self._mean(p) for p, _ in flat], noise)):
+            for (p, _), theta in zip(flat, thetas):
                 p.data = theta if theta.dtype == p.dtype else theta.to(p.dtype)
         self._active = True
         try:
@@ -444,9 +457,19 @@ class IVON(CountedOptimizer):
         """
         flat = self._flat()
         first = self._avg_grad is None
+        price = self.hess_approx == HessApprox.PRICE
+        if first and all(gi is not None and gi.dtype == n.dtype for gi, n in zip(grads, noise)) \
+                and self._compiled(grads, noise):
+            g = [torch.empty_like(n) for n in noise]
+            h = noise if price else [torch.empty_like(n) for n in noise]
+            for gi, n, ga, ha in zip(grads, noise, g, h):
+                ivon_kernel.record_first_(gi, n, ga, ha, price=price)
+            self._count = 1
+            self._avg_grad, self._avg_hess = g, h
+            return
         g = [torch.zeros(p.shape, dtype=_state_dtype(p), device=p.device) if gi is None
              else gi.to(_state_dtype(p), copy=first) for gi, (p, _) in zip(grads, flat)]  # the first is kept: a copy
-        if self.hess_approx == HessApprox.PRICE:
+        if price:
             torch._foreach_mul_(noise, g)
             h = noise
         else:
@@ -517,13 +540,14 @@ class IVON(CountedOptimizer):
             lr = group["lr"] * (group["hess_init"] + wd) if self.rescale_lr else group["lr"]
             debias = 1.0 - math.pow(b1, float(t)) if self.debias else 1.0        # line 5
             means = [self._mean(p) for p in ps]
-            if self._compiled(means, momentum, hess, gbar, fbar, hess_wd, inv):
-                for j, st in enumerate(states):
-                    ivon_kernel.step_(means[j], momentum[j], hess[j], gbar[j], fbar[j], hess_wd[j], inv[j],
-                                      beta1=b1, beta2=b2, ess=ess, weight_decay=wd, debias=debias, lr=lr,
-                                      clip_radius=group["clip_radius"], price=self.hess_approx == HessApprox.PRICE)
+            # (momentum, hess and the scales are this optimizer's own: contiguous, of the means' dtype)
+            if self._compiled(means, gbar, fbar, strict=True):
+                ivon_kernel.step_(means, momentum, hess, gbar, fbar, hess_wd, inv, beta1=b1, beta2=b2, ess=ess,
+                                  weight_decay=wd, debias=debias, lr=lr, clip_radius=group["clip_radius"],
+                                  price=self.hess_approx == HessApprox.PRICE)
+                for p, st in zip(ps, states):
                     if "mean" in st:
-                        ps[j].copy_(st["mean"])
+                        p.copy_(st["mean"])
                 torch._foreach_sqrt_(inv)  # torch's square root, as _group_scales takes it
                 next_scales.append(((ess, wd), hess_wd, inv))
                 continue
@@ -570,12 +594,14 @@ class IVON(CountedOptimizer):
             self._scales = next_scales
         return loss
 
-    def _compiled(self, *lists: list[torch.Tensor]) -> bool:
-        """Whether :meth:`step` updates a group (its state ``lists``) by the compiled pass (see ``fused``)."""
+    def _compiled(self, *lists: list[torch.Tensor], strict: bool = False) -> bool:
+        """Whether the compiled passes (see ``fused``) take the tensors of ``lists`` (a group's state in
+        :meth:`step`, the weights and gradients of a sample). ``strict``: under ``fused=True`` a tensor
+        they cannot take raises (the update) instead of taking torch's operations (a sample)."""
         if self.fused is False or not self._on_cpu:
             return False
         if not all(ivon_kernel.supports(t) for ts in lists for t in ts):
-            if self.fused:
+            if self.fused and strict:
                 raise RuntimeError("fused=True: a parameter's optimizer state is not a contiguous float32 or "
                                    "float64 CPU tensor (pass fused=None to use the compiled step where it applies)")
             return False

@@ -1,4 +1,5 @@
-// IVON's update in one pass over memory (built at first use by mcgraph.optim.ivon_kernel).
+// IVON's update in one pass over memory (built at first use by mcgraph.optim.ivon_kernel), and the
+// two passes of a weight sample (forming theta, recording the first sample's statistics).
 //
 // mcgraph.optim.IVON.step runs Algorithm 1, lines 3-6, of Shen et al. (ICML 2024) as about twenty
 // element-wise torch operations, each a pass over every parameter-sized buffer. This loop does the
@@ -103,9 +104,64 @@ int step(int64_t n, void* mean, void* momentum, void* hess, const void* grad_avg
   return 0;
 }
 
+// A weight sample: eps <- eps / inv (sigma * epsilon), theta <- mean + eps.
+template <typename T>
+void sample(int64_t n, T* __restrict eps, const T* __restrict inv, const T* __restrict mean, T* __restrict theta,
+            int threads) {
+#pragma omp parallel for simd schedule(static) num_threads(threads) if (threads > 1 && n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) {
+    const T noise = eps[i] / inv[i];
+    eps[i] = noise;
+    theta[i] = mean[i] + noise;
+  }
+}
+
+// The first sample of a step: grad_avg <- grad; hess_avg <- noise * grad (price) or grad * grad.
+// hess_avg may be noise itself (the price estimator overwrites the sample's noise).
+template <typename T>
+void record_first(int64_t n, const T* __restrict grad, const T* noise, T* __restrict grad_avg, T* hess_avg,
+                  int price, int threads) {
+#pragma omp parallel for simd schedule(static) num_threads(threads) if (threads > 1 && n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) {
+    const T g = grad[i];
+    grad_avg[i] = g;
+    hess_avg[i] = price ? noise[i] * g : g * g;
+  }
+}
+
 }  // namespace
 
 extern "C" {
+
+int mcgraph_ivon_sample(int float64, int64_t n, void* eps, const void* inv, const void* mean, void* theta,
+                        int threads) {
+  if (float64 == 1) {
+    sample<double>(n, static_cast<double*>(eps), static_cast<const double*>(inv), static_cast<const double*>(mean),
+                   static_cast<double*>(theta), threads);
+    return 0;
+  }
+  if (float64 == 0) {
+    sample<float>(n, static_cast<float*>(eps), static_cast<const float*>(inv), static_cast<const float*>(mean),
+                  static_cast<float*>(theta), threads);
+    return 0;
+  }
+  return -1;
+}
+
+int mcgraph_ivon_record_first(int float64, int64_t n, const void* grad, void* noise, void* grad_avg,
+                              void* hess_avg, int price, int threads) {
+  if (float64 == 1) {
+    record_first<double>(n, static_cast<const double*>(grad), static_cast<const double*>(noise),
+                         static_cast<double*>(grad_avg), static_cast<double*>(hess_avg), price, threads);
+    return 0;
+  }
+  if (float64 == 0) {
+    record_first<float>(n, static_cast<const float*>(grad), static_cast<const float*>(noise),
+                        static_cast<float*>(grad_avg), static_cast<float*>(hess_avg), price, threads);
+    return 0;
+  }
+  return -1;
+}
 
 // scalars: b1, 1 - b1, ess, 0.5 (1 - b2)^2, b2, 1 - b2, debias, wd, lr, clip radius (10 doubles).
 // float64: 0 for float32 buffers, 1 for float64. Returns 0, or -1 for an unknown dtype.
@@ -121,6 +177,6 @@ int mcgraph_ivon_step(int float64, int64_t n, void* mean, void* momentum, void* 
   return -1;
 }
 
-int mcgraph_ivon_abi() { return 1; }
+int mcgraph_ivon_abi() { return 2; }
 
 }  // extern "C"
