@@ -151,6 +151,35 @@ def test_changing_ess_between_steps_rescales_the_noise_on_both_paths():
     _assert_same(a, b, net_a, net_b)
 
 
+def test_a_hessian_changed_between_steps_rescales_the_next_sample_on_both_paths():
+    x, y = _data(torch.float64)
+    net_a, net_b = _net(torch.float64), _net(torch.float64)
+    a, b = IVON(net_a, lr=0.1, ess=40, seed=2), IVON(net_b, lr=0.1, ess=40, seed=2, fused=False)
+    _run(a, net_a, x, y, steps=2, samples=1)
+    _run(b, net_b, x, y, steps=2, samples=1)
+    for opt, net in ((a, net_a), (b, net_b)):
+        opt.state[net[0].weight]["hess"].mul_(100.0)  # in place
+        opt.state[net[2].weight]["hess"] = torch.full_like(opt.state[net[2].weight]["hess"], 7.0)  # replaced
+    _run(a, net_a, x, y, steps=2, samples=1)
+    _run(b, net_b, x, y, steps=2, samples=1)
+    _assert_same(a, b, net_a, net_b)
+
+
+@pytest.mark.parametrize("fused", [None, False])
+def test_a_graph_built_before_the_step_cannot_be_replayed_after_it(fused):
+    # The compiled step writes the weights through their pointers; it bumps their version counters as
+    # torch's in-place operations do, so autograd refuses a stale graph instead of using the new weights.
+    x, y = _data(torch.float32)
+    net = _net(torch.float32)
+    opt = IVON(net, lr=0.1, ess=40, fused=fused)
+    with opt.sampled_params(train=True):
+        F.cross_entropy(net(x), y).backward()
+    stale = F.cross_entropy(net(x), y)  # at the mean weights
+    opt.step()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        stale.backward()
+
+
 def test_fused_argument_is_checked():
     net = _net(torch.float32)
     with pytest.raises(TypeError, match="fused"):

@@ -100,6 +100,7 @@ from typing import Callable, Iterator
 
 import torch
 from torch import nn
+from torch.autograd.graph import increment_version
 from torch.distributions import Normal
 
 from ..engine.checks import all_finite
@@ -294,21 +295,29 @@ class IVON(CountedOptimizer):
         self._avg_hess: list[torch.Tensor] | None = None  # ĝ ⊙ noise (price) or ĝ² (gradsq), averaged
         self._scales: list | None = None  # per group: (key, h + δ, √(λ(h + δ))) until the next step
 
-    def _group_scales(self) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
-        """Per group ``(h + δ, 1/σ = √(λ (h + δ)))``, computed once per step (h changes only in :meth:`step`).
+    def _scale_key(self, group: dict) -> tuple:
+        """What a group's scales depend on: λ, δ and its hessian tensors (identity and version counter,
+        so a hessian replaced or changed in place by anyone but :meth:`step` is seen)."""
+        hess = [self.state[p]["hess"] for p in group["params"]]
+        return group["ess"], group["weight_decay"], tuple(map(id, hess)), tuple(h._version for h in hess)
 
-        Recomputed when a group's λ or δ was changed since (the key); the step reuses ``h + δ`` (the same
-        numbers ivon-opt computes again).
+    def _group_scales(self) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
+        """Per group ``(h + δ, 1/σ = √(λ (h + δ)))``, computed once per step (h changes only in :meth:`step`;
+        the compiled step makes the next step's as it updates h).
+
+        Recomputed when a group's λ, δ or hessian was changed since (the key); the step reuses ``h + δ``
+        (the same numbers ivon-opt computes again).
         """
-        keys = [(g["ess"], g["weight_decay"]) for g in self.param_groups]
+        keys = [self._scale_key(g) for g in self.param_groups]
         if self._scales is None or [k for k, _, _ in self._scales] != keys:
             scales = []
-            for (ess, wd), group in zip(keys, self.param_groups):
+            for key, group in zip(keys, self.param_groups):
+                ess, wd = key[:2]
                 hess = [self.state[p]["hess"] for p in group["params"]]
                 hess_wd = torch._foreach_add(hess, wd)
                 inv = torch._foreach_mul(hess_wd, self._scalar(ess, hess_wd))
                 torch._foreach_sqrt_(inv)
-                scales.append(((ess, wd), hess_wd, inv))
+                scales.append((key, hess_wd, inv))
             self._scales = scales
         return [(hess_wd, inv) for _, hess_wd, inv in self._scales]
 
@@ -545,11 +554,12 @@ class IVON(CountedOptimizer):
                 ivon_kernel.step_(means, momentum, hess, gbar, fbar, hess_wd, inv, beta1=b1, beta2=b2, ess=ess,
                                   weight_decay=wd, debias=debias, lr=lr, clip_radius=group["clip_radius"],
                                   price=self.hess_approx == HessApprox.PRICE)
+                increment_version([*means, *momentum, *hess, *hess_wd])  # written through their pointers
                 for p, st in zip(ps, states):
                     if "mean" in st:
                         p.copy_(st["mean"])
                 torch._foreach_sqrt_(inv)  # torch's square root, as _group_scales takes it
-                next_scales.append(((ess, wd), hess_wd, inv))
+                next_scales.append((self._scale_key(group), hess_wd, inv))
                 continue
             # One foreach call per operation and group, in place: the arithmetic of the module docstring in
             # ivon-opt's order of operations (bitwise equal to it), on the samples' buffers, which are free
