@@ -66,6 +66,25 @@ def test_compiled_step_equals_the_foreach_step_bit_for_bit(dtype, hess_approx, c
     assert not torch.equal(net_a[0].weight, _net(dtype)[0].weight)  # the weights moved
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("hess_approx", ["price", "gradsq"])
+@pytest.mark.parametrize("samples", [1, 2])
+def test_compiled_samples_of_a_larger_network_equal_the_foreach_ones(dtype, hess_approx, samples):
+    # Above SAMPLE_MIN_ELEMENTS the weight sample and the first sample's statistics are compiled too.
+    def wide():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(6, 300), nn.Tanh(), nn.Linear(300, 250), nn.Tanh(), nn.Linear(250, 3)).to(dtype)
+
+    x, y = _data(dtype)
+    net_a, net_b = wide(), wide()
+    kw = dict(lr=0.1, ess=100, hess_approx=hess_approx, weight_decay=1e-3)
+    a, b = IVON(net_a, **kw), IVON(net_b, fused=False, **kw)
+    _run(a, net_a, x, y, steps=4, samples=samples)
+    _run(b, net_b, x, y, steps=4, samples=samples)
+    assert a._numel >= ivon_kernel.SAMPLE_MIN_ELEMENTS
+    _assert_same(a, b, net_a, net_b)
+
+
 def test_default_takes_the_compiled_step_on_cpu_and_both_agree_over_groups_threads_and_bfloat16():
     x, y = _data(torch.float32)
     nets = [_net(torch.float32) for _ in range(2)]

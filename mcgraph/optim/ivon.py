@@ -230,6 +230,7 @@ class IVON(CountedOptimizer):
                                    f"({ivon_kernel.unavailable_reason()}); install a C++ compiler or set CXX, "
                                    f"or pass fused=None / False")
         self.fused = fused
+        self._numel: int | None = None  # numbers in the parameters (computed at the first sample)
         self.mc_samples = defaults["mc_samples"]
         self.hess_approx = hess_approx.value
         self.sync = bool(sync)
@@ -437,7 +438,7 @@ class IVON(CountedOptimizer):
         flat = self._flat()
         with torch.no_grad():
             means = [self._mean(p) for p, _ in flat]
-            if self._compiled(means, self._inverse_scales()):
+            if self._compiled_sample(means):  # (1/σ is this optimizer's own: contiguous, of the means' dtype)
                 noise, thetas = self._noise(scaled=False), [torch.empty_like(m) for m in means]
                 for eps, inv, mean, theta in zip(noise, self._inverse_scales(), means, thetas):
                     ivon_kernel.sample_(eps, inv, mean, theta)
@@ -468,7 +469,7 @@ class IVON(CountedOptimizer):
         first = self._avg_grad is None
         price = self.hess_approx == HessApprox.PRICE
         if first and all(gi is not None and gi.dtype == n.dtype for gi, n in zip(grads, noise)) \
-                and self._compiled(grads, noise):
+                and self._compiled_sample(grads):
             g = [torch.empty_like(n) for n in noise]
             h = noise if price else [torch.empty_like(n) for n in noise]
             for gi, n, ga, ha in zip(grads, noise, g, h):
@@ -603,6 +604,13 @@ class IVON(CountedOptimizer):
         if len(next_scales) == len(self.param_groups):
             self._scales = next_scales
         return loss
+
+    def _compiled_sample(self, tensors: list[torch.Tensor]) -> bool:
+        """Whether a weight sample and its statistics take the compiled passes: as :meth:`_compiled`, and
+        the parameters hold at least :data:`~mcgraph.optim.ivon_kernel.SAMPLE_MIN_ELEMENTS` numbers."""
+        if self._numel is None:
+            self._numel = sum(p.numel() for p, _ in self._flat())
+        return self._numel >= ivon_kernel.SAMPLE_MIN_ELEMENTS and self._compiled(tensors)
 
     def _compiled(self, *lists: list[torch.Tensor], strict: bool = False) -> bool:
         """Whether the compiled passes (see ``fused``) take the tensors of ``lists`` (a group's state in
