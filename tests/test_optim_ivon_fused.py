@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mcgraph.engine import native
-from mcgraph.optim import IVON, ivon_kernel
+from mcgraph.optim import IVON, cpu_kernels
 
 pytestmark = pytest.mark.skipif(shutil.which(native.compiler()) is None, reason="no C++ compiler on this machine")
 
@@ -81,7 +81,7 @@ def test_compiled_samples_of_a_larger_network_equal_the_foreach_ones(dtype, hess
     a, b = IVON(net_a, **kw), IVON(net_b, fused=False, **kw)
     _run(a, net_a, x, y, steps=4, samples=samples)
     _run(b, net_b, x, y, steps=4, samples=samples)
-    assert a._numel >= ivon_kernel.SAMPLE_MIN_ELEMENTS
+    assert a._numel >= cpu_kernels.SAMPLE_MIN_ELEMENTS
     _assert_same(a, b, net_a, net_b)
 
 
@@ -112,7 +112,7 @@ def test_default_takes_the_compiled_step_on_cpu_and_both_agree_over_groups_threa
                 opt.step()
     finally:
         torch.set_num_threads(threads)
-    assert ivon_kernel.library() is not None and a._scales is not None  # the compiled pass made the next scales
+    assert cpu_kernels.library() is not None and a._scales is not None  # the compiled pass made the next scales
     _assert_same(a, b, nets[0], nets[1])
 
 
@@ -215,7 +215,7 @@ def test_fused_argument_is_checked():
 
 _NO_COMPILER = r"""
 import torch, torch.nn.functional as F
-from mcgraph.optim import IVON, ivon_kernel
+from mcgraph.optim import IVON, cpu_kernels
 torch.manual_seed(0)
 net = torch.nn.Linear(3, 2)
 x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
@@ -229,7 +229,7 @@ opt = IVON(net, lr=0.1, ess=8)
 with opt.sampled_params(train=True):
     F.cross_entropy(net(x), y).backward()
 opt.step()
-assert ivon_kernel.library() is None and opt._scales is None
+assert cpu_kernels.library() is None and opt._scales is None
 print("OK")
 """
 

@@ -107,7 +107,7 @@ from ..engine.checks import all_finite
 from ..engine.noise import mix_seed
 from ._checks import non_negative_real, positive_int, positive_real, real_in, seed_or_none
 from ._state import CountedOptimizer
-from . import ivon_kernel
+from . import cpu_kernels
 from .batched_samples import Unbatchable, check_batchable, default_chunk_size
 
 __all__ = ["IVON", "HessApprox"]
@@ -166,7 +166,7 @@ class IVON(CountedOptimizer):
             ``mix(mix(mix(seed, t), k), j)`` (reproducible, resumable bitwise).
         process_group: ``None`` or a ``torch.distributed`` group over which ĝ and ĥ are averaged.
         fused: how :meth:`step` updates CPU parameters. ``None`` (default): one compiled pass per
-            parameter (:mod:`mcgraph.optim.ivon_kernel`, built by the C++ compiler at the first step,
+            parameter (:mod:`mcgraph.optim.cpu_kernels`, built by the C++ compiler at the first step,
             about a second once per machine) where the state is contiguous float32 or float64 on the
             CPU and a compiler is found, else torch's foreach operations; ``True``: the compiled pass,
             raising if it cannot be had; ``False``: the foreach operations. Both give the same numbers
@@ -225,9 +225,9 @@ class IVON(CountedOptimizer):
                 raise ValueError(f"fused=True: the compiled step takes contiguous CPU parameters; one is "
                                  f"{'on ' + str(unfit[0].device) if unfit[0].device.type != 'cpu' else 'not contiguous'} "
                                  f"(pass fused=None to use it where it applies, or fused=False)")
-            if ivon_kernel.library() is None:
+            if cpu_kernels.library() is None:
                 raise RuntimeError(f"fused=True: the compiled IVON step could not be built "
-                                   f"({ivon_kernel.unavailable_reason()}); install a C++ compiler or set CXX, "
+                                   f"({cpu_kernels.unavailable_reason()}); install a C++ compiler or set CXX, "
                                    f"or pass fused=None / False")
         self.fused = fused
         self._numel: int | None = None  # numbers in the parameters (computed at the first sample)
@@ -441,7 +441,7 @@ class IVON(CountedOptimizer):
             if self._compiled_sample(means):  # (1/σ is this optimizer's own: contiguous, of the means' dtype)
                 noise, thetas = self._noise(scaled=False), [torch.empty_like(m) for m in means]
                 for eps, inv, mean, theta in zip(noise, self._inverse_scales(), means, thetas):
-                    ivon_kernel.sample_(eps, inv, mean, theta)
+                    cpu_kernels.ivon_sample_(eps, inv, mean, theta)
             else:
                 noise = self._noise()
                 thetas = torch._foreach_add(means, noise)
@@ -473,7 +473,7 @@ class IVON(CountedOptimizer):
             g = [torch.empty_like(n) for n in noise]
             h = noise if price else [torch.empty_like(n) for n in noise]
             for gi, n, ga, ha in zip(grads, noise, g, h):
-                ivon_kernel.record_first_(gi, n, ga, ha, price=price)
+                cpu_kernels.ivon_record_first_(gi, n, ga, ha, price=price)
             self._count = 1
             self._avg_grad, self._avg_hess = g, h
             return
@@ -552,7 +552,7 @@ class IVON(CountedOptimizer):
             means = [self._mean(p) for p in ps]
             # (momentum, hess and the scales are this optimizer's own: contiguous, of the means' dtype)
             if self._compiled(means, gbar, fbar, strict=True):
-                ivon_kernel.step_(means, momentum, hess, gbar, fbar, hess_wd, inv, beta1=b1, beta2=b2, ess=ess,
+                cpu_kernels.ivon_step_(means, momentum, hess, gbar, fbar, hess_wd, inv, beta1=b1, beta2=b2, ess=ess,
                                   weight_decay=wd, debias=debias, lr=lr, clip_radius=group["clip_radius"],
                                   price=self.hess_approx == HessApprox.PRICE)
                 increment_version([*means, *momentum, *hess, *hess_wd])  # written through their pointers
@@ -607,10 +607,10 @@ class IVON(CountedOptimizer):
 
     def _compiled_sample(self, tensors: list[torch.Tensor]) -> bool:
         """Whether a weight sample and its statistics take the compiled passes: as :meth:`_compiled`, and
-        the parameters hold at least :data:`~mcgraph.optim.ivon_kernel.SAMPLE_MIN_ELEMENTS` numbers."""
+        the parameters hold at least :data:`~mcgraph.optim.cpu_kernels.SAMPLE_MIN_ELEMENTS` numbers."""
         if self._numel is None:
             self._numel = sum(p.numel() for p, _ in self._flat())
-        return self._numel >= ivon_kernel.SAMPLE_MIN_ELEMENTS and self._compiled(tensors)
+        return self._numel >= cpu_kernels.SAMPLE_MIN_ELEMENTS and self._compiled(tensors)
 
     def _compiled(self, *lists: list[torch.Tensor], strict: bool = False) -> bool:
         """Whether the compiled passes (see ``fused``) take the tensors of ``lists`` (a group's state in
@@ -618,12 +618,12 @@ class IVON(CountedOptimizer):
         they cannot take raises (the update) instead of taking torch's operations (a sample)."""
         if self.fused is False or not self._on_cpu:
             return False
-        if not all(ivon_kernel.supports(t) for ts in lists for t in ts):
+        if not all(cpu_kernels.supports(t) for ts in lists for t in ts):
             if self.fused and strict:
                 raise RuntimeError("fused=True: a parameter's optimizer state is not a contiguous float32 or "
                                    "float64 CPU tensor (pass fused=None to use the compiled step where it applies)")
             return False
-        return ivon_kernel.library() is not None
+        return cpu_kernels.library() is not None
 
     def step_samples(self, loss_fn: Callable[[], torch.Tensor], *, vectorize: bool | None = None,
                      model: nn.Module | None = None, chunk_size: int | None = None,

@@ -85,6 +85,7 @@ import torch
 from torch import nn
 
 from ..engine.checks import all_finite
+from . import cpu_kernels
 from ._checks import non_negative_real, positive_int, positive_real, real_in
 from .gaussian import GaussianVariationalOptimizer
 
@@ -128,6 +129,13 @@ class VOGN(GaussianVariationalOptimizer):
         process_group, parallel: all-reduce ĝ, ĥ and the loss over a ``torch.distributed`` group,
             ``"data"`` (averaged over batch shards) or ``"samples"`` (the K samples split by index);
             see :mod:`mcgraph.optim.gaussian`.
+        fused: how the noise variance and the update are computed on CPU parameters. ``None``
+            (default): compiled loops (:mod:`mcgraph.optim.cpu_kernels`, built by the C++ compiler at
+            the first step, about a second once per machine) where a parameter is contiguous float32
+            or float64 on the CPU, its prior term is a number and no pruning mask applies, and a
+            compiler is found; else torch's operations. ``True``: the same, raising at construction
+            when the kernels cannot be built. ``False``: torch's operations. Both give the same numbers
+            bit for bit.
 
     Raises:
         TypeError: an unsupported layer owns parameters, or ``model`` is not a module.
@@ -140,7 +148,15 @@ class VOGN(GaussianVariationalOptimizer):
                  data_augmentation_factor: float = 1.0, init_precision: float | None = None,
                  variant: str | VOGNVariant = VOGNVariant.PAPER, batchnorm_prior: bool = False,
                  loss_reduction: str = "mean", seed: int | None = None, spike_slab=None,
-                 process_group=None, parallel: str = "data", check_noise: bool = True) -> None:
+                 process_group=None, parallel: str = "data", check_noise: bool = True,
+                 fused: bool | None = None) -> None:
+        if fused is not None and not isinstance(fused, bool):
+            raise TypeError(f"fused must be None, True or False, got {fused!r}")
+        if fused and cpu_kernels.library() is None:
+            raise RuntimeError(f"fused=True: the compiled VOGN kernels could not be built "
+                               f"({cpu_kernels.unavailable_reason()}); install a C++ compiler or set CXX, "
+                               f"or pass fused=None / False")
+        self.fused = fused
         self.check_noise = bool(check_noise)
         self._vmap_refused = False  # step_samples found a layer vmap cannot batch: later calls take step()
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
@@ -173,6 +189,13 @@ class VOGN(GaussianVariationalOptimizer):
                 self.state[p]["precision"] = torch.full_like(p, float(init_precision))
             self.counters["initialized"] = True
 
+    def _compiled(self, *tensors) -> bool:
+        """Whether the compiled kernels take these tensors (see ``fused``)."""
+        if self.fused is False or not all(t is not None and t.device.type == "cpu" and cpu_kernels.supports(t)
+                                          and t.dtype == tensors[0].dtype for t in tensors):
+            return False
+        return cpu_kernels.library() is not None
+
     # ------------------------------------------------------------------ schedule and scales
 
     def tempering_at(self, group: dict, step: int) -> float:
@@ -198,10 +221,16 @@ class VOGN(GaussianVariationalOptimizer):
                 out.append(None if not group["sample"] else torch.zeros_like(p))
                 continue
             tau = self.tempering_at(group, step)
-            var = 1.0 / (self._n(group) * (state["precision"] + self._delta_tilde(p, group, tau) + group["damping"]))
-            if group["variant"] == VOGNVariant.TORCHSSO:
-                var = var * tau
-            sigma = var.sqrt()
+            delta = self._delta_tilde(p, group, tau)
+            torchsso = group["variant"] == VOGNVariant.TORCHSSO
+            if not isinstance(delta, torch.Tensor) and self._compiled(state["precision"]):
+                var = cpu_kernels.vogn_variance_(state["precision"], delta=delta, damping=group["damping"],
+                                                 size=self._n(group), tau=tau if torchsso else None)
+            else:
+                var = 1.0 / (self._n(group) * (state["precision"] + delta + group["damping"]))
+                if torchsso:
+                    var = var * tau
+            sigma = var.sqrt_()
             mask = self._mask(p)
             out.append(sigma if mask is None else sigma * mask)
         return out
@@ -332,12 +361,18 @@ class VOGN(GaussianVariationalOptimizer):
             tau = self.tempering_at(group, step)
             delta = self._delta_tilde(p, group, tau)
             m = state.get("momentum")
-            grad = gi + delta * p
-            m = grad if m is None else m * beta1 + grad                             # line 17
             keep = 1.0 - (beta2 if group["variant"] == VOGNVariant.TORCHSSO else tau * beta2)
-            s = state["precision"] * keep + beta2 * hi                              # line 18
-            mu = p - group["lr"] * m / (s + delta + group["damping"])               # line 19
             mask = self._mask(p)
+            if mask is None and not isinstance(delta, torch.Tensor) and self._compiled(
+                    p, gi, hi, state["precision"], *([] if m is None else [m])):
+                mu, m, s = cpu_kernels.vogn_update_(p.detach(), gi, hi, m, state["precision"], delta=delta,
+                                                    beta1=beta1, keep=keep, beta2=beta2, lr=group["lr"],
+                                                    damping=group["damping"])  # lines 17-19 in one pass
+            else:
+                grad = gi + delta * p
+                m = grad if m is None else m * beta1 + grad                             # line 17
+                s = state["precision"] * keep + beta2 * hi                              # line 18
+                mu = p - group["lr"] * m / (s + delta + group["damping"])               # line 19
             if mask is not None:
                 mu, m = mu * mask, m * mask
             tentative.append((p, {"param": mu, "momentum": m, "precision": s}))

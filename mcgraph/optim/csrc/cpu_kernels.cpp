@@ -1,7 +1,8 @@
-// IVON's update in one pass over memory (built at first use by mcgraph.optim.ivon_kernel), and the
-// two passes of a weight sample (forming theta, recording the first sample's statistics).
+// The variational optimizers' element-wise updates in one pass over memory (built at first use by
+// mcgraph.optim.cpu_kernels): IVON's update and the two passes of its weight sample (forming theta,
+// recording the first sample's statistics); VOGN's update and its noise variance.
 //
-// mcgraph.optim.IVON.step runs Algorithm 1, lines 3-6, of Shen et al. (ICML 2024) as about twenty
+// IVON. mcgraph.optim.IVON.step runs Algorithm 1, lines 3-6, of Shen et al. (ICML 2024) as about twenty
 // element-wise torch operations, each a pass over every parameter-sized buffer. This loop does the
 // same operations, in the same order and the same precision, on each element once:
 //
@@ -15,6 +16,14 @@
 // torch path computes in three more passes. Every operation is one IEEE-rounded multiply, add,
 // subtract or divide (compiled with -ffp-contract=off, no FMA the source does not write), so the
 // results equal the torch path's bit for bit; the tests compare them with torch.equal.
+//
+// VOGN. mcgraph.optim.VOGN's step (seed 003, Algorithm 1, lines 17-19) with a scalar prior term d:
+//
+//   m' <- b1 m + (g + d mu)        s' <- keep s + b2 h        mu' <- mu - lr m' / (s' + d + damping)
+//
+// into new buffers (the optimizer commits them only when every number is finite), and the noise
+// variance 1 / (N (s + d + damping)) (times tau for the torchsso variant), the same operations as
+// the torch expressions, in their order.
 //
 // Plain C++ and OpenMP, no torch headers; loaded with ctypes. Threads split the elements into
 // blocks; an element's result does not depend on the number of threads.
@@ -129,9 +138,92 @@ void record_first(int64_t n, const T* __restrict grad, const T* noise, T* __rest
   }
 }
 
+// VOGN's update into new buffers; momentum == nullptr at the first step (m' = g + d mu).
+template <typename T>
+void vogn_update(int64_t n, const T* __restrict mean, const T* __restrict grad, const T* __restrict hess,
+                 const T* __restrict momentum, const T* __restrict precision, T* __restrict mean_out,
+                 T* __restrict momentum_out, T* __restrict precision_out, const double* sc, int threads) {
+  const T delta = T(sc[0]), beta1 = T(sc[1]), keep = T(sc[2]), beta2 = T(sc[3]), lr = T(sc[4]),
+          damping = T(sc[5]);
+#pragma omp parallel for simd schedule(static) num_threads(threads) if (threads > 1 && n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) {
+    const T mu = mean[i];
+    T g = mu * delta;  // delta * mu
+    g = grad[i] + g;
+    T m = g;
+    if (momentum) {
+      m = momentum[i] * beta1;
+      m = m + g;
+    }
+    T s = precision[i] * keep;
+    const T h = hess[i] * beta2;
+    s = s + h;
+    T den = s + delta;
+    den = den + damping;
+    T step = m * lr;
+    step = step / den;
+    mean_out[i] = mu - step;
+    momentum_out[i] = m;
+    precision_out[i] = s;
+  }
+}
+
+// VOGN's noise variance: 1 / (N ((s + d) + damping)), times tau when scale_by_tau.
+template <typename T>
+void vogn_variance(int64_t n, const T* __restrict precision, T* __restrict out, const double* sc, int scale_by_tau,
+                   int threads) {
+  const T delta = T(sc[0]), damping = T(sc[1]), size = T(sc[2]), tau = T(sc[3]);
+#pragma omp parallel for simd schedule(static) num_threads(threads) if (threads > 1 && n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) {
+    T v = precision[i] + delta;
+    v = v + damping;
+    v = v * size;
+    v = T(1) / v;  // torch's 1.0 / t: reciprocal(t) * 1.0
+    if (scale_by_tau) v = v * tau;
+    out[i] = v;
+  }
+}
+
 }  // namespace
 
 extern "C" {
+
+// scalars: delta, beta1, keep, beta2, lr, damping (6 doubles); momentum may be NULL.
+int mcgraph_vogn_update(int float64, int64_t n, const void* mean, const void* grad, const void* hess,
+                        const void* momentum, const void* precision, void* mean_out, void* momentum_out,
+                        void* precision_out, const double* scalars, int threads) {
+  if (float64 == 1) {
+    vogn_update<double>(n, static_cast<const double*>(mean), static_cast<const double*>(grad),
+                        static_cast<const double*>(hess), static_cast<const double*>(momentum),
+                        static_cast<const double*>(precision), static_cast<double*>(mean_out),
+                        static_cast<double*>(momentum_out), static_cast<double*>(precision_out), scalars, threads);
+    return 0;
+  }
+  if (float64 == 0) {
+    vogn_update<float>(n, static_cast<const float*>(mean), static_cast<const float*>(grad),
+                       static_cast<const float*>(hess), static_cast<const float*>(momentum),
+                       static_cast<const float*>(precision), static_cast<float*>(mean_out),
+                       static_cast<float*>(momentum_out), static_cast<float*>(precision_out), scalars, threads);
+    return 0;
+  }
+  return -1;
+}
+
+// scalars: delta, damping, N, tau (4 doubles).
+int mcgraph_vogn_variance(int float64, int64_t n, const void* precision, void* out, const double* scalars,
+                          int scale_by_tau, int threads) {
+  if (float64 == 1) {
+    vogn_variance<double>(n, static_cast<const double*>(precision), static_cast<double*>(out), scalars, scale_by_tau,
+                          threads);
+    return 0;
+  }
+  if (float64 == 0) {
+    vogn_variance<float>(n, static_cast<const float*>(precision), static_cast<float*>(out), scalars, scale_by_tau,
+                         threads);
+    return 0;
+  }
+  return -1;
+}
 
 int mcgraph_ivon_sample(int float64, int64_t n, void* eps, const void* inv, const void* mean, void* theta,
                         int threads) {
@@ -177,6 +269,6 @@ int mcgraph_ivon_step(int float64, int64_t n, void* mean, void* momentum, void* 
   return -1;
 }
 
-int mcgraph_ivon_abi() { return 2; }
+int mcgraph_cpu_kernels_abi() { return 1; }
 
 }  // extern "C"

@@ -1,0 +1,149 @@
+"""The variational optimizers' element-wise updates as compiled passes on the CPU (``csrc/cpu_kernels.cpp``).
+
+:meth:`mcgraph.optim.IVON.step` on CPU parameters calls :func:`ivon_step_` once per group instead of
+about twenty foreach operations (and ``sampled_params`` :func:`ivon_sample_` and
+:func:`ivon_record_first_` instead of two each); :class:`mcgraph.optim.VOGN` calls
+:func:`vogn_update_` and :func:`vogn_variance_` instead of about ten tensor expressions per
+parameter. Each runs the same element-wise operations in the same order and precision as the torch
+path, so the numbers are the same bit for bit, with each element read and written once. The library
+is compiled at first use (:class:`mcgraph.engine.native.NativeLibrary`, about a second, cached on
+disk); without a C++ compiler :func:`library` returns ``None`` and the optimizers keep torch's
+operations.
+
+Example:
+    >>> import torch
+    >>> from mcgraph.optim import cpu_kernels
+    >>> cpu_kernels.supports(torch.zeros(3)), cpu_kernels.supports(torch.zeros(3, 2).t())
+    (True, False)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import pathlib
+
+import torch
+
+from ..engine import native
+
+_SOURCE = pathlib.Path(__file__).with_name("csrc") / "cpu_kernels.cpp"
+_ABI = 1
+
+
+def _declare(lib) -> None:
+    vp, i64, ci = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.mcgraph_ivon_step.argtypes = [ci, i64, vp, vp, vp, vp, vp, vp, vp, vp, ci, ci, ci]
+    lib.mcgraph_ivon_step.restype = ci
+    lib.mcgraph_ivon_sample.argtypes = [ci, i64, vp, vp, vp, vp, ci]
+    lib.mcgraph_ivon_sample.restype = ci
+    lib.mcgraph_ivon_record_first.argtypes = [ci, i64, vp, vp, vp, vp, ci, ci]
+    lib.mcgraph_ivon_record_first.restype = ci
+    lib.mcgraph_vogn_update.argtypes = [ci, i64, vp, vp, vp, vp, vp, vp, vp, vp, vp, ci]
+    lib.mcgraph_vogn_update.restype = ci
+    lib.mcgraph_vogn_variance.argtypes = [ci, i64, vp, vp, vp, ci, ci]
+    lib.mcgraph_vogn_variance.restype = ci
+    if lib.mcgraph_cpu_kernels_abi() != _ABI:
+        raise RuntimeError(f"built with ABI {lib.mcgraph_cpu_kernels_abi()}, expected {_ABI}")
+
+
+_LIBRARY = native.NativeLibrary("optim_cpu_kernels", _SOURCE, _declare)
+
+
+def library():
+    """The compiled library (built on the first call), or ``None`` when no compiler can build it."""
+    return _LIBRARY.load()
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`library` returned ``None`` (``None`` when it loaded or was never tried)."""
+    return _LIBRARY.unavailable_reason()
+
+
+_DTYPES = (torch.float32, torch.float64)
+
+#: Elements of a group below which a weight sample and its statistics stay torch's foreach operations:
+#: two foreach calls cost less than one library call per parameter there (the update, twenty foreach
+#: calls, is always cheaper compiled).
+SAMPLE_MIN_ELEMENTS = 1 << 16
+
+
+def supports(t: torch.Tensor) -> bool:
+    """Whether the kernels take a CPU tensor like ``t``: contiguous, float32 or float64 (the caller knows
+    the tensors are on the CPU)."""
+    return t.dtype in _DTYPES and t.is_contiguous()
+
+
+def _lib():
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"the compiled optimizer kernels are unavailable: {unavailable_reason()}")
+    return lib
+
+
+def _checked(code: int, what: str) -> None:
+    if code != 0:  # pragma: no cover - the dtype is checked by supports()
+        raise RuntimeError(f"the compiled {what} failed with code {code}")
+
+
+def ivon_sample_(eps: torch.Tensor, inv: torch.Tensor, mean: torch.Tensor, theta: torch.Tensor) -> None:
+    """A weight sample of one parameter: ``eps`` ← ε / (1/σ) = σ ⊙ ε in place, ``theta`` ← m + σ ⊙ ε
+    (``torch.div`` and ``torch.add``'s numbers; every tensor of one shape and dtype, :func:`supports`)."""
+    _checked(_lib().mcgraph_ivon_sample(eps.dtype == torch.float64, eps.numel(), eps.data_ptr(), inv.data_ptr(),
+                                        mean.data_ptr(), theta.data_ptr(), torch.get_num_threads()), "IVON sample")
+
+
+def ivon_record_first_(grad: torch.Tensor, noise: torch.Tensor, grad_avg: torch.Tensor, hess_avg: torch.Tensor, *,
+                  price: bool) -> None:
+    """The first sample of a step: ``grad_avg`` ← ĝ, ``hess_avg`` ← ĝ ⊙ σε (``price``, where ``hess_avg`` may
+    be ``noise`` itself) or ĝ ⊙ ĝ."""
+    _checked(_lib().mcgraph_ivon_record_first(grad.dtype == torch.float64, grad.numel(), grad.data_ptr(),
+                                              noise.data_ptr(), grad_avg.data_ptr(), hess_avg.data_ptr(),
+                                              bool(price), torch.get_num_threads()), "IVON record")
+
+
+def ivon_step_(mean: list[torch.Tensor], momentum: list[torch.Tensor], hess: list[torch.Tensor],
+          grad_avg: list[torch.Tensor], hess_avg: list[torch.Tensor], hess_wd: list[torch.Tensor],
+          scale_sq: list[torch.Tensor], *, beta1: float, beta2: float, ess: float, weight_decay: float,
+          debias: float, lr: float, clip_radius: float, price: bool) -> None:
+    """One IVON update of a group's parameters, in place: one pass per parameter (the ``j``-th tensors of
+    the lists share one shape and dtype, :func:`supports`).
+
+    On return ``mean``, ``momentum`` and ``hess`` hold m, g and h after the step, ``hess_wd`` (h + δ at
+    the start of the step on entry) holds h + δ for the next one and ``scale_sq`` holds λ (h + δ),
+    the square of the next 1/σ. ``grad_avg`` and ``hess_avg`` (ĝ and the sample average of
+    ĝ ⊙ σε, or of ĝ² with ``price=False``) are read only.
+    """
+    run = _lib().mcgraph_ivon_step
+    scalars = (ctypes.c_double * 10)(beta1, 1.0 - beta1, ess, 0.5 * (1.0 - beta2) ** 2, beta2, 1.0 - beta2,
+                                     debias, weight_decay, lr, clip_radius)
+    clip, threads = clip_radius != float("inf"), torch.get_num_threads()
+    for j, m in enumerate(mean):
+        _checked(run(m.dtype == torch.float64, m.numel(), m.data_ptr(), momentum[j].data_ptr(), hess[j].data_ptr(),
+                     grad_avg[j].data_ptr(), hess_avg[j].data_ptr(), hess_wd[j].data_ptr(), scale_sq[j].data_ptr(),
+                     scalars, bool(price), clip, threads), "IVON step")
+
+
+def vogn_update_(mean: torch.Tensor, grad: torch.Tensor, hess: torch.Tensor, momentum: torch.Tensor | None,
+                 precision: torch.Tensor, *, delta: float, beta1: float, keep: float, beta2: float, lr: float,
+                 damping: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """VOGN's new ``(μ, m, s)`` of one parameter in new tensors (the inputs are read only):
+    ``m = β₁ m + (ĝ + δ̃ μ)`` (``ĝ + δ̃ μ`` when ``momentum`` is ``None``), ``s = keep·s + β₂ ĥ``,
+    ``μ − α m / (s + δ̃ + γ)`` (every tensor of one shape and dtype, :func:`supports`)."""
+    outs = tuple(torch.empty_like(mean) for _ in range(3))
+    scalars = (ctypes.c_double * 6)(delta, beta1, keep, beta2, lr, damping)
+    _checked(_lib().mcgraph_vogn_update(mean.dtype == torch.float64, mean.numel(), mean.data_ptr(), grad.data_ptr(),
+                                        hess.data_ptr(), None if momentum is None else momentum.data_ptr(),
+                                        precision.data_ptr(), *(t.data_ptr() for t in outs), scalars,
+                                        torch.get_num_threads()), "VOGN update")
+    return outs
+
+
+def vogn_variance_(precision: torch.Tensor, *, delta: float, damping: float, size: float,
+                   tau: float | None) -> torch.Tensor:
+    """VOGN's noise variance ``1 / (N (s + δ̃ + γ))`` (times ``tau`` unless it is ``None``) in a new tensor."""
+    out = torch.empty_like(precision)
+    scalars = (ctypes.c_double * 4)(delta, damping, size, 1.0 if tau is None else tau)
+    _checked(_lib().mcgraph_vogn_variance(precision.dtype == torch.float64, precision.numel(), precision.data_ptr(),
+                                          out.data_ptr(), scalars, tau is not None, torch.get_num_threads()),
+             "VOGN variance")
+    return out
