@@ -239,3 +239,122 @@ def test_without_a_compiler_the_default_keeps_the_foreach_step_and_fused_true_sa
     proc = subprocess.run([sys.executable, "-c", _NO_COMPILER], env=env, capture_output=True, text=True,
                           timeout=300, cwd=ROOT)
     assert proc.returncode == 0 and proc.stdout.strip() == "OK", proc.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------------------- the review's cases
+
+
+def _wide(dtype=torch.float32):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 300), nn.Tanh(), nn.Linear(300, 250), nn.Tanh(), nn.Linear(250, 3)).to(dtype)
+
+
+def _spy(monkeypatch, names):
+    calls = dict.fromkeys(names, 0)
+    for name in names:
+        original = getattr(cpu_kernels, name)
+
+        def counted(*args, _name=name, _original=original, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(cpu_kernels, name, counted)
+    return calls
+
+
+def test_the_compiled_passes_run_and_split_elements_over_threads_without_changing_a_bit(monkeypatch):
+    calls = _spy(monkeypatch, ["ivon_step_", "ivon_sample_", "ivon_record_first_"])
+    x, y = _data(torch.float32)
+    runs = []
+    threads = torch.get_num_threads()
+    try:
+        for n_threads, fused in ((1, None), (2, None), (2, False)):
+            torch.set_num_threads(n_threads)
+            net = _wide()
+            opt = IVON(net, lr=0.1, ess=100, fused=fused)
+            _run(opt, net, x, y, steps=3, samples=2)
+            runs.append((opt, net))
+    finally:
+        torch.set_num_threads(threads)
+    assert calls["ivon_step_"] == 6 and calls["ivon_record_first_"] == 6 * 6 and calls["ivon_sample_"] == 12 * 6
+    _assert_same(runs[0][0], runs[1][0], runs[0][1], runs[1][1])
+    _assert_same(runs[1][0], runs[2][0], runs[1][1], runs[2][1])
+
+
+def test_the_step_bumps_the_version_of_every_tensor_it_writes():
+    x, y = _data(torch.float32)
+    net = _net(torch.float32)
+    opt = IVON(net, lr=0.1, ess=40)
+    _run(opt, net, x, y, steps=1, samples=1)
+    w = net[0].weight
+    before = {k: opt.state[w][k]._version for k in ("momentum", "hess")}, w._version
+    _run(opt, net, x, y, steps=1, samples=1)
+    assert all(opt.state[w][k]._version > v for k, v in before[0].items()) and w._version > before[1]
+
+
+def test_a_hessian_replaced_after_the_old_one_is_freed_rescales_the_next_sample():
+    # Python may give the new tensor the freed one's id: the cache compares the tensors themselves.
+    x, y = _data(torch.float64)
+    nets = [_net(torch.float64) for _ in range(2)]
+    opts = [IVON(nets[0], lr=0.1, ess=40, seed=2), IVON(nets[1], lr=0.1, ess=40, seed=2, fused=False)]
+    for opt, net in zip(opts, nets):
+        _run(opt, net, x, y, steps=2, samples=1)
+        state = opt.state[net[0].weight]
+        shape, dtype = state["hess"].shape, state["hess"].dtype
+        del state["hess"]
+        state["hess"] = torch.full(shape, 7.0, dtype=dtype)
+        _run(opt, net, x, y, steps=2, samples=1)
+    _assert_same(opts[0], opts[1], nets[0], nets[1])
+
+
+def test_state_of_another_dtype_takes_torch_operations_or_raises_before_writing_under_fused_true():
+    x, y = _data(torch.float64)
+    source = _net(torch.float32)
+    saved = IVON(source, lr=0.1, ess=40, seed=1)
+    _run(saved, source, x.float(), y, steps=2, samples=1)
+    checkpoint = saved.state_dict()  # float32 state
+    nets = [_net(torch.float64) for _ in range(3)]
+    opts = [IVON(nets[0], lr=0.1, ess=40, seed=1), IVON(nets[1], lr=0.1, ess=40, seed=1, fused=False),
+            IVON(nets[2], lr=0.1, ess=40, seed=1, fused=True)]
+    for opt in opts:
+        opt.load_state_dict(checkpoint)  # keeps the float32 state of a float64 model
+    _run(opts[0], nets[0], x, y, steps=2, samples=1)
+    _run(opts[1], nets[1], x, y, steps=2, samples=1)
+    _assert_same(opts[0], opts[1], nets[0], nets[1])
+    before = [p.detach().clone() for p in nets[2].parameters()]
+    with opts[2].sampled_params(train=True):
+        F.cross_entropy(nets[2](x), y).backward()
+    with pytest.raises(RuntimeError, match="fused=True.*Nothing was updated"):
+        opts[2].step()
+    assert opts[2].current_step == 2 and all(torch.equal(p, b) for p, b in zip(nets[2].parameters(), before))
+
+
+def test_non_contiguous_gradients_take_the_compiled_step_under_fused_true():
+    x, y = _data(torch.float32)
+    outs = []
+    for fused in (True, False):
+        torch.manual_seed(0)
+        w = nn.Parameter(torch.randn(5, 6))
+        opt = IVON([w], lr=0.1, ess=40, seed=0, fused=fused)
+        for _ in range(2):
+            with opt.sampled_params(train=True):
+                w.grad = (2 * torch.randn(6, 5, generator=torch.Generator().manual_seed(3))).t()  # strided
+            opt.step()
+        outs.append((w.detach().clone(), opt.state[w]["hess"].clone()))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+def test_nan_gradients_and_a_huge_clip_radius_give_the_same_numbers_on_both_paths():
+    x, y = _data(torch.float32)
+    results = []
+    for fused in (None, False):
+        net = _net(torch.float32)
+        opt = IVON(net, lr=0.1, ess=40, seed=0, clip_radius=1e39, fused=fused)  # above float32's largest number
+        _run(opt, net, x, y, steps=2, samples=1)
+        with opt.sampled_params(train=True):
+            net[0].weight.grad = torch.full_like(net[0].weight, float("nan"))
+        opt.step()
+        results.append([t.clone() for p in net.parameters() for t in (p.detach(), opt.state[p]["hess"])])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    assert torch.isnan(results[0][0]).all()

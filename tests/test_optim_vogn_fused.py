@@ -129,3 +129,23 @@ def test_kernels_unit_against_the_torch_expressions():
 def test_fused_argument_is_checked():
     with pytest.raises(TypeError, match="fused"):
         VOGN(_mlp(torch.float32), 10, fused=1)
+
+
+def test_the_compiled_kernels_run_and_fused_true_is_taken(monkeypatch):
+    calls = dict.fromkeys(("vogn_update_", "vogn_variance_"), 0)
+    for name in calls:
+        original = getattr(cpu_kernels, name)
+
+        def counted(*args, _name=name, _original=original, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(cpu_kernels, name, counted)
+    x, y = _data(torch.float32)
+    nets = [_mlp(torch.float32) for _ in range(2)]
+    a = VOGN(nets[0], 100, lr=0.05, seed=0, check_noise=False, fused=True)
+    b = VOGN(nets[1], 100, lr=0.05, seed=0, check_noise=False, fused=False)
+    la = _train(a, nets[0], x, y, 3)
+    assert calls == {"vogn_update_": 3 * 4, "vogn_variance_": 3 * 4}
+    _assert_same(a, b, nets[0], nets[1], la, _train(b, nets[1], x, y, 3))
+    assert calls == {"vogn_update_": 3 * 4, "vogn_variance_": 3 * 4}  # fused=False calls none

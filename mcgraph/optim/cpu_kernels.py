@@ -68,9 +68,29 @@ SAMPLE_MIN_ELEMENTS = 1 << 16
 
 
 def supports(t: torch.Tensor) -> bool:
-    """Whether the kernels take a CPU tensor like ``t``: contiguous, float32 or float64 (the caller knows
-    the tensors are on the CPU)."""
-    return t.dtype in _DTYPES and t.is_contiguous()
+    """Whether the kernels take a tensor like ``t``: a dense, contiguous float32 or float64 CPU tensor
+    (not a lazily negated view)."""
+    return (t.dtype in _DTYPES and t.layout is torch.strided and t.is_cpu and t.is_contiguous()
+            and not t.is_neg())
+
+
+def fits(*tensors: torch.Tensor) -> bool:
+    """Whether one kernel call takes ``tensors`` together: each :func:`supports` it, all of one dtype and
+    one number of elements."""
+    first = tensors[0]
+    return all(t is not None and supports(t) and t.dtype == first.dtype and t.numel() == first.numel()
+               for t in tensors)
+
+
+def group_fits(*lists: list[torch.Tensor]) -> bool:
+    """Whether :func:`ivon_step_` takes a group's lists: the ``j``-th tensors of every list :func:`fits`."""
+    return all(fits(*tensors) for tensors in zip(*lists))
+
+
+def _require(ok: bool, what: str) -> None:
+    if not ok:
+        raise ValueError(f"{what}: the compiled kernels take dense, contiguous CPU tensors of one dtype "
+                         f"(float32 or float64) and one size")
 
 
 def _lib():
@@ -81,38 +101,43 @@ def _lib():
 
 
 def _checked(code: int, what: str) -> None:
-    if code != 0:  # pragma: no cover - the dtype is checked by supports()
+    if code != 0:  # pragma: no cover - the dtype is checked before every call
         raise RuntimeError(f"the compiled {what} failed with code {code}")
 
 
 def ivon_sample_(eps: torch.Tensor, inv: torch.Tensor, mean: torch.Tensor, theta: torch.Tensor) -> None:
     """A weight sample of one parameter: ``eps`` ← ε / (1/σ) = σ ⊙ ε in place, ``theta`` ← m + σ ⊙ ε
-    (``torch.div`` and ``torch.add``'s numbers; every tensor of one shape and dtype, :func:`supports`)."""
+    (``torch.div`` and ``torch.add``'s numbers; the tensors must :func:`fits` together)."""
+    _require(fits(eps, inv, mean, theta), "ivon_sample_")
     _checked(_lib().mcgraph_ivon_sample(eps.dtype == torch.float64, eps.numel(), eps.data_ptr(), inv.data_ptr(),
                                         mean.data_ptr(), theta.data_ptr(), torch.get_num_threads()), "IVON sample")
 
 
 def ivon_record_first_(grad: torch.Tensor, noise: torch.Tensor, grad_avg: torch.Tensor, hess_avg: torch.Tensor, *,
-                  price: bool) -> None:
+                       price: bool) -> None:
     """The first sample of a step: ``grad_avg`` ← ĝ, ``hess_avg`` ← ĝ ⊙ σε (``price``, where ``hess_avg`` may
     be ``noise`` itself) or ĝ ⊙ ĝ."""
+    _require(fits(grad, noise, grad_avg, hess_avg), "ivon_record_first_")
     _checked(_lib().mcgraph_ivon_record_first(grad.dtype == torch.float64, grad.numel(), grad.data_ptr(),
                                               noise.data_ptr(), grad_avg.data_ptr(), hess_avg.data_ptr(),
                                               bool(price), torch.get_num_threads()), "IVON record")
 
 
 def ivon_step_(mean: list[torch.Tensor], momentum: list[torch.Tensor], hess: list[torch.Tensor],
-          grad_avg: list[torch.Tensor], hess_avg: list[torch.Tensor], hess_wd: list[torch.Tensor],
-          scale_sq: list[torch.Tensor], *, beta1: float, beta2: float, ess: float, weight_decay: float,
-          debias: float, lr: float, clip_radius: float, price: bool) -> None:
+               grad_avg: list[torch.Tensor], hess_avg: list[torch.Tensor], hess_wd: list[torch.Tensor],
+               scale_sq: list[torch.Tensor], *, beta1: float, beta2: float, ess: float, weight_decay: float,
+               debias: float, lr: float, clip_radius: float, price: bool, checked: bool = False) -> None:
     """One IVON update of a group's parameters, in place: one pass per parameter (the ``j``-th tensors of
-    the lists share one shape and dtype, :func:`supports`).
+    the lists must :func:`fits` together; ``checked=True``: the caller has just made sure with
+    :func:`group_fits`). Nothing is written unless every parameter fits.
 
     On return ``mean``, ``momentum`` and ``hess`` hold m, g and h after the step, ``hess_wd`` (h + δ at
     the start of the step on entry) holds h + δ for the next one and ``scale_sq`` holds λ (h + δ),
     the square of the next 1/σ. ``grad_avg`` and ``hess_avg`` (ĝ and the sample average of
     ĝ ⊙ σε, or of ĝ² with ``price=False``) are read only.
     """
+    lists = (mean, momentum, hess, grad_avg, hess_avg, hess_wd, scale_sq)
+    _require(len({len(x) for x in lists}) == 1 and (checked or group_fits(*lists)), "ivon_step_")
     run = _lib().mcgraph_ivon_step
     scalars = (ctypes.c_double * 10)(beta1, 1.0 - beta1, ess, 0.5 * (1.0 - beta2) ** 2, beta2, 1.0 - beta2,
                                      debias, weight_decay, lr, clip_radius)
@@ -129,6 +154,7 @@ def vogn_update_(mean: torch.Tensor, grad: torch.Tensor, hess: torch.Tensor, mom
     """VOGN's new ``(μ, m, s)`` of one parameter in new tensors (the inputs are read only):
     ``m = β₁ m + (ĝ + δ̃ μ)`` (``ĝ + δ̃ μ`` when ``momentum`` is ``None``), ``s = keep·s + β₂ ĥ``,
     ``μ − α m / (s + δ̃ + γ)`` (every tensor of one shape and dtype, :func:`supports`)."""
+    _require(fits(mean, grad, hess, precision, *(() if momentum is None else (momentum,))), "vogn_update_")
     outs = tuple(torch.empty_like(mean) for _ in range(3))
     scalars = (ctypes.c_double * 6)(delta, beta1, keep, beta2, lr, damping)
     _checked(_lib().mcgraph_vogn_update(mean.dtype == torch.float64, mean.numel(), mean.data_ptr(), grad.data_ptr(),
@@ -141,6 +167,7 @@ def vogn_update_(mean: torch.Tensor, grad: torch.Tensor, hess: torch.Tensor, mom
 def vogn_variance_(precision: torch.Tensor, *, delta: float, damping: float, size: float,
                    tau: float | None) -> torch.Tensor:
     """VOGN's noise variance ``1 / (N (s + δ̃ + γ))`` (times ``tau`` unless it is ``None``) in a new tensor."""
+    _require(supports(precision), "vogn_variance_")
     out = torch.empty_like(precision)
     scalars = (ctypes.c_double * 4)(delta, damping, size, 1.0 if tau is None else tau)
     _checked(_lib().mcgraph_vogn_variance(precision.dtype == torch.float64, precision.numel(), precision.data_ptr(),

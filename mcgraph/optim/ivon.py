@@ -297,10 +297,15 @@ class IVON(CountedOptimizer):
         self._scales: list | None = None  # per group: (key, h + δ, √(λ(h + δ))) until the next step
 
     def _scale_key(self, group: dict) -> tuple:
-        """What a group's scales depend on: λ, δ and its hessian tensors (identity and version counter,
-        so a hessian replaced or changed in place by anyone but :meth:`step` is seen)."""
-        hess = [self.state[p]["hess"] for p in group["params"]]
-        return group["ess"], group["weight_decay"], tuple(map(id, hess)), tuple(h._version for h in hess)
+        """What a group's scales depend on: λ, δ and its hessian tensors (themselves, compared by identity,
+        and their version counters, so a hessian replaced or changed in place by anyone but :meth:`step` is
+        seen)."""
+        hess = tuple(self.state[p]["hess"] for p in group["params"])
+        return group["ess"], group["weight_decay"], hess, tuple(h._version for h in hess)
+
+    @staticmethod
+    def _same_key(a: tuple, b: tuple) -> bool:
+        return a[:2] == b[:2] and a[3] == b[3] and len(a[2]) == len(b[2]) and all(x is y for x, y in zip(a[2], b[2]))
 
     def _group_scales(self) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
         """Per group ``(h + δ, 1/σ = √(λ (h + δ)))``, computed once per step (h changes only in :meth:`step`;
@@ -310,12 +315,12 @@ class IVON(CountedOptimizer):
         (the same numbers ivon-opt computes again).
         """
         keys = [self._scale_key(g) for g in self.param_groups]
-        if self._scales is None or [k for k, _, _ in self._scales] != keys:
+        if self._scales is None or len(self._scales) != len(keys) \
+                or not all(self._same_key(k, cached) for k, (cached, _, _) in zip(keys, self._scales)):
             scales = []
             for key, group in zip(keys, self.param_groups):
-                ess, wd = key[:2]
-                hess = [self.state[p]["hess"] for p in group["params"]]
-                hess_wd = torch._foreach_add(hess, wd)
+                ess, wd, hess = key[:3]
+                hess_wd = torch._foreach_add(list(hess), wd)
                 inv = torch._foreach_mul(hess_wd, self._scalar(ess, hess_wd))
                 torch._foreach_sqrt_(inv)
                 scales.append((key, hess_wd, inv))
@@ -438,9 +443,10 @@ class IVON(CountedOptimizer):
         flat = self._flat()
         with torch.no_grad():
             means = [self._mean(p) for p, _ in flat]
-            if self._compiled_sample(means):  # (1/σ is this optimizer's own: contiguous, of the means' dtype)
+            invs = self._inverse_scales()
+            if self._compiled_sample() and cpu_kernels.group_fits(means, invs):
                 noise, thetas = self._noise(scaled=False), [torch.empty_like(m) for m in means]
-                for eps, inv, mean, theta in zip(noise, self._inverse_scales(), means, thetas):
+                for eps, inv, mean, theta in zip(noise, invs, means, thetas):
                     cpu_kernels.ivon_sample_(eps, inv, mean, theta)
             else:
                 noise = self._noise()
@@ -468,8 +474,8 @@ class IVON(CountedOptimizer):
         flat = self._flat()
         first = self._avg_grad is None
         price = self.hess_approx == HessApprox.PRICE
-        if first and all(gi is not None and gi.dtype == n.dtype for gi, n in zip(grads, noise)) \
-                and self._compiled_sample(grads):
+        if first and self._compiled_sample() and all(gi is not None for gi in grads) \
+                and cpu_kernels.group_fits(grads, noise):
             g = [torch.empty_like(n) for n in noise]
             h = noise if price else [torch.empty_like(n) for n in noise]
             for gi, n, ga, ha in zip(grads, noise, g, h):
@@ -477,8 +483,10 @@ class IVON(CountedOptimizer):
             self._count = 1
             self._avg_grad, self._avg_hess = g, h
             return
+        # the first is kept: a copy, contiguous whatever the gradient's layout (the step's buffers)
         g = [torch.zeros(p.shape, dtype=_state_dtype(p), device=p.device) if gi is None
-             else gi.to(_state_dtype(p), copy=first) for gi, (p, _) in zip(grads, flat)]  # the first is kept: a copy
+             else gi.to(_state_dtype(p), copy=True, memory_format=torch.contiguous_format) if first
+             else gi.to(_state_dtype(p)) for gi, (p, _) in zip(grads, flat)]
         if price:
             torch._foreach_mul_(noise, g)
             h = noise
@@ -536,26 +544,32 @@ class IVON(CountedOptimizer):
                                "or pass a closure to step()")
         avg_grad, avg_hess = self._reduce()
         scales = self._group_scales()
-        self.counters["step"] += 1
-        t = self.counters["step"]
-        i = 0
-        next_scales = []  # per group, (key, h + δ, 1/σ) of the next step where the compiled pass made them
+        groups, i = [], 0  # per group: (its ĝ, its ĥ, its state lists, whether the compiled pass takes them)
         for group, (hess_wd, inv) in zip(self.param_groups, scales):
             ps = group["params"]
             gbar, fbar = avg_grad[i:i + len(ps)], avg_hess[i:i + len(ps)]
             i += len(ps)
-            b1, b2, wd, ess = group["beta1"], group["beta2"], group["weight_decay"], group["ess"]
             states = [self.state[p] for p in ps]
-            momentum, hess = [st["momentum"] for st in states], [st["hess"] for st in states]
+            lists = ([self._mean(p) for p in ps], [st["momentum"] for st in states], [st["hess"] for st in states],
+                     gbar, fbar, hess_wd, inv)
+            groups.append((states, lists, self._compiled_step(lists)))  # (raises before anything is written)
+        self.counters["step"] += 1
+        t = self.counters["step"]
+        next_scales = []  # per group, (key, h + δ, 1/σ) of the next step where the compiled pass made them
+        for group, (states, lists, compiled) in zip(self.param_groups, groups):
+            ps = group["params"]
+            means, momentum, hess, gbar, fbar, hess_wd, inv = lists
+            b1, b2, wd, ess = group["beta1"], group["beta2"], group["weight_decay"], group["ess"]
             lr = group["lr"] * (group["hess_init"] + wd) if self.rescale_lr else group["lr"]
             debias = 1.0 - math.pow(b1, float(t)) if self.debias else 1.0        # line 5
-            means = [self._mean(p) for p in ps]
-            # (momentum, hess and the scales are this optimizer's own: contiguous, of the means' dtype)
-            if self._compiled(means, gbar, fbar, strict=True):
+            # ρ no larger than the state's largest number (torch refuses a larger clamp bound; same numbers)
+            radius = min([group["clip_radius"], *(torch.finfo(m.dtype).max for m in means)])
+            if compiled:
                 cpu_kernels.ivon_step_(means, momentum, hess, gbar, fbar, hess_wd, inv, beta1=b1, beta2=b2, ess=ess,
-                                  weight_decay=wd, debias=debias, lr=lr, clip_radius=group["clip_radius"],
-                                  price=self.hess_approx == HessApprox.PRICE)
-                increment_version([*means, *momentum, *hess, *hess_wd])  # written through their pointers
+                                       weight_decay=wd, debias=debias, lr=lr, clip_radius=radius,
+                                       price=self.hess_approx == HessApprox.PRICE, checked=True)
+                for written in (*means, *momentum, *hess, *hess_wd):  # written through their pointers
+                    increment_version(written)
                 for p, st in zip(ps, states):
                     if "mean" in st:
                         p.copy_(st["mean"])
@@ -593,8 +607,8 @@ class IVON(CountedOptimizer):
             torch._foreach_add_(hess_wd, wd)
             torch._foreach_div_(step, hess_wd)
             if math.isfinite(group["clip_radius"]):
-                torch._foreach_clamp_min_(step, -group["clip_radius"])
-                torch._foreach_clamp_max_(step, group["clip_radius"])
+                torch._foreach_clamp_min_(step, -radius)
+                torch._foreach_clamp_max_(step, radius)
             torch._foreach_mul_(step, self._scalar(lr, step))
             torch._foreach_sub_(means, step)                                       # line 6: m
             for p, st in zip(ps, states):
@@ -605,23 +619,28 @@ class IVON(CountedOptimizer):
             self._scales = next_scales
         return loss
 
-    def _compiled_sample(self, tensors: list[torch.Tensor]) -> bool:
-        """Whether a weight sample and its statistics take the compiled passes: as :meth:`_compiled`, and
-        the parameters hold at least :data:`~mcgraph.optim.cpu_kernels.SAMPLE_MIN_ELEMENTS` numbers."""
-        if self._numel is None:
-            self._numel = sum(p.numel() for p, _ in self._flat())
-        return self._numel >= cpu_kernels.SAMPLE_MIN_ELEMENTS and self._compiled(tensors)
-
-    def _compiled(self, *lists: list[torch.Tensor], strict: bool = False) -> bool:
-        """Whether the compiled passes (see ``fused``) take the tensors of ``lists`` (a group's state in
-        :meth:`step`, the weights and gradients of a sample). ``strict``: under ``fused=True`` a tensor
-        they cannot take raises (the update) instead of taking torch's operations (a sample)."""
+    def _compiled_sample(self) -> bool:
+        """Whether a weight sample and its statistics may take the compiled passes (``fused`` allows it, the
+        parameters are on the CPU and hold at least :data:`~mcgraph.optim.cpu_kernels.SAMPLE_MIN_ELEMENTS`
+        numbers, and the library builds); the caller checks the tensors with
+        :func:`~mcgraph.optim.cpu_kernels.group_fits`."""
         if self.fused is False or not self._on_cpu:
             return False
-        if not all(cpu_kernels.supports(t) for ts in lists for t in ts):
-            if self.fused and strict:
-                raise RuntimeError("fused=True: a parameter's optimizer state is not a contiguous float32 or "
-                                   "float64 CPU tensor (pass fused=None to use the compiled step where it applies)")
+        if self._numel is None:
+            self._numel = sum(p.numel() for p, _ in self._flat())
+        return self._numel >= cpu_kernels.SAMPLE_MIN_ELEMENTS and cpu_kernels.library() is not None
+
+    def _compiled_step(self, lists: tuple) -> bool:
+        """Whether :meth:`step` updates a group (its lists: m, g, h, ĝ, ĥ, h + δ, 1/σ) by the compiled pass
+        (see ``fused``); under ``fused=True`` a group it cannot take raises."""
+        if self.fused is False or not self._on_cpu:
+            return False
+        if not cpu_kernels.group_fits(*lists):
+            if self.fused:
+                raise RuntimeError("fused=True: a parameter's optimizer state is not a dense, contiguous CPU "
+                                   "tensor of the parameter's dtype (float32 or float64), e.g. after loading a "
+                                   "checkpoint of another dtype or moving the model; pass fused=None to take "
+                                   "torch's operations there. Nothing was updated.")
             return False
         return cpu_kernels.library() is not None
 

@@ -190,11 +190,8 @@ class VOGN(GaussianVariationalOptimizer):
             self.counters["initialized"] = True
 
     def _compiled(self, *tensors) -> bool:
-        """Whether the compiled kernels take these tensors (see ``fused``)."""
-        if self.fused is False or not all(t is not None and t.device.type == "cpu" and cpu_kernels.supports(t)
-                                          and t.dtype == tensors[0].dtype for t in tensors):
-            return False
-        return cpu_kernels.library() is not None
+        """Whether the compiled kernels take these tensors together (see ``fused``)."""
+        return self.fused is not False and cpu_kernels.fits(*tensors) and cpu_kernels.library() is not None
 
     # ------------------------------------------------------------------ schedule and scales
 
