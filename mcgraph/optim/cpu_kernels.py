@@ -67,19 +67,29 @@ _DTYPES = (torch.float32, torch.float64)
 SAMPLE_MIN_ELEMENTS = 1 << 16
 
 
+_STRIDED = torch.strided
+
+
 def supports(t: torch.Tensor) -> bool:
-    """Whether the kernels take a tensor like ``t``: a dense, contiguous float32 or float64 CPU tensor
-    (not a lazily negated view)."""
-    return (t.dtype in _DTYPES and t.layout is torch.strided and t.is_cpu and t.is_contiguous()
-            and not t.is_neg())
+    """Whether the kernels take a tensor like ``t``: a dense, contiguous float32 or float64 CPU tensor.
+    (A real tensor has no lazily conjugated or negated views outside torch's private API.)"""
+    return t.dtype in _DTYPES and t.layout is _STRIDED and t.is_cpu and t.is_contiguous()
 
 
 def fits(*tensors: torch.Tensor) -> bool:
     """Whether one kernel call takes ``tensors`` together: each :func:`supports` it, all of one dtype and
     one number of elements."""
     first = tensors[0]
-    return all(t is not None and supports(t) and t.dtype == first.dtype and t.numel() == first.numel()
-               for t in tensors)
+    if first is None:
+        return False
+    dtype, numel = first.dtype, first.numel()
+    if dtype not in _DTYPES:
+        return False
+    for t in tensors:  # (a plain loop: this runs for every parameter at every step)
+        if t is None or t.dtype != dtype or t.numel() != numel or not t.is_cpu or t.layout is not _STRIDED \
+                or not t.is_contiguous():
+            return False
+    return True
 
 
 def group_fits(*lists: list[torch.Tensor]) -> bool:
