@@ -1,8 +1,8 @@
 """The variational optimizers' element-wise updates as compiled passes on the CPU (``csrc/cpu_kernels.cpp``).
 
 :meth:`mcgraph.optim.IVON.step` on CPU parameters calls :func:`ivon_step_` once per group instead of
-about twenty foreach operations (and ``sampled_params`` :func:`ivon_sample_` and
-:func:`ivon_record_first_` instead of two each); :class:`mcgraph.optim.VOGN` calls
+about twenty foreach operations (and ``sampled_params`` :func:`ivon_sample_`,
+:func:`ivon_record_first_` and :func:`ivon_record_next_` instead of two to seven each); :class:`mcgraph.optim.VOGN` calls
 :func:`vogn_update_` and :func:`vogn_variance_` instead of about ten tensor expressions per
 parameter. Each runs the same element-wise operations in the same order and precision as the torch
 path, so the numbers are the same bit for bit, with each element read and written once. The library
@@ -27,7 +27,7 @@ import torch
 from ..engine import native
 
 _SOURCE = pathlib.Path(__file__).with_name("csrc") / "cpu_kernels.cpp"
-_ABI = 1
+_ABI = 2
 
 
 def _declare(lib) -> None:
@@ -38,6 +38,8 @@ def _declare(lib) -> None:
     lib.mcgraph_ivon_sample.restype = ci
     lib.mcgraph_ivon_record_first.argtypes = [ci, i64, vp, vp, vp, vp, ci, ci]
     lib.mcgraph_ivon_record_first.restype = ci
+    lib.mcgraph_ivon_record_next.argtypes = [ci, i64, vp, vp, vp, vp, ctypes.c_double, ci, ci]
+    lib.mcgraph_ivon_record_next.restype = ci
     lib.mcgraph_vogn_update.argtypes = [ci, i64, vp, vp, vp, vp, vp, vp, vp, vp, vp, ci]
     lib.mcgraph_vogn_update.restype = ci
     lib.mcgraph_vogn_variance.argtypes = [ci, i64, vp, vp, vp, ci, ci]
@@ -131,6 +133,16 @@ def ivon_record_first_(grad: torch.Tensor, noise: torch.Tensor, grad_avg: torch.
     _checked(_lib().mcgraph_ivon_record_first(grad.dtype == torch.float64, grad.numel(), grad.data_ptr(),
                                               noise.data_ptr(), grad_avg.data_ptr(), hess_avg.data_ptr(),
                                               bool(price), torch.get_num_threads()), "IVON record")
+
+
+def ivon_record_next_(grad: torch.Tensor, noise: torch.Tensor, grad_avg: torch.Tensor, hess_avg: torch.Tensor, *,
+                      count: int, price: bool) -> None:
+    """A later sample of a step (Welford, as ivon-opt): ``a ← a + (v − a)/count`` for ``v`` = ĝ into
+    ``grad_avg`` and ``v`` = ĝ ⊙ σε (``price``) or ĝ ⊙ ĝ into ``hess_avg`` (``noise`` is read only)."""
+    _require(fits(grad, noise, grad_avg, hess_avg), "ivon_record_next_")
+    _checked(_lib().mcgraph_ivon_record_next(grad.dtype == torch.float64, grad.numel(), grad.data_ptr(),
+                                             noise.data_ptr(), grad_avg.data_ptr(), hess_avg.data_ptr(),
+                                             float(count), bool(price), torch.get_num_threads()), "IVON record")
 
 
 def ivon_step_(mean: list[torch.Tensor], momentum: list[torch.Tensor], hess: list[torch.Tensor],

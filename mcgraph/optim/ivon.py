@@ -483,6 +483,12 @@ class IVON(CountedOptimizer):
             self._count = 1
             self._avg_grad, self._avg_hess = g, h
             return
+        if not first and self._compiled_sample() and all(gi is not None for gi in grads) \
+                and cpu_kernels.group_fits(grads, noise, self._avg_grad, self._avg_hess):
+            self._count += 1
+            for gi, n, ga, ha in zip(grads, noise, self._avg_grad, self._avg_hess):
+                cpu_kernels.ivon_record_next_(gi, n, ga, ha, count=self._count, price=price)
+            return
         # the first is kept: a copy, contiguous whatever the gradient's layout (the step's buffers)
         g = [torch.zeros(p.shape, dtype=_state_dtype(p), device=p.device) if gi is None
              else gi.to(_state_dtype(p), copy=True, memory_format=torch.contiguous_format) if first

@@ -1,6 +1,6 @@
 // The variational optimizers' element-wise updates in one pass over memory (built at first use by
-// mcgraph.optim.cpu_kernels): IVON's update and the two passes of its weight sample (forming theta,
-// recording the first sample's statistics); VOGN's update and its noise variance.
+// mcgraph.optim.cpu_kernels): IVON's update and the passes of its weight samples (forming theta,
+// recording a sample's statistics); VOGN's update and its noise variance.
 //
 // IVON. mcgraph.optim.IVON.step runs Algorithm 1, lines 3-6, of Shen et al. (ICML 2024) as about twenty
 // element-wise torch operations, each a pass over every parameter-sized buffer. This loop does the
@@ -184,9 +184,42 @@ void vogn_variance(int64_t n, const T* __restrict precision, T* __restrict out, 
   }
 }
 
+// A later sample of a step (Welford, as ivon-opt): a <- a + (v - a) / count for v = grad and for
+// v = noise * grad (price) or grad * grad.
+template <typename T>
+void record_next(int64_t n, const T* __restrict grad, const T* __restrict noise, T* __restrict grad_avg,
+                 T* __restrict hess_avg, T count, int price, int threads) {
+#pragma omp parallel for simd schedule(static) num_threads(threads) if (threads > 1 && n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) {
+    const T g = grad[i];
+    T d = g - grad_avg[i];
+    d = d / count;
+    grad_avg[i] = grad_avg[i] + d;
+    T h = price ? noise[i] * g : g * g;
+    h = h - hess_avg[i];
+    h = h / count;
+    hess_avg[i] = hess_avg[i] + h;
+  }
+}
+
 }  // namespace
 
 extern "C" {
+
+int mcgraph_ivon_record_next(int float64, int64_t n, const void* grad, const void* noise, void* grad_avg,
+                             void* hess_avg, double count, int price, int threads) {
+  if (float64 == 1) {
+    record_next<double>(n, static_cast<const double*>(grad), static_cast<const double*>(noise),
+                        static_cast<double*>(grad_avg), static_cast<double*>(hess_avg), count, price, threads);
+    return 0;
+  }
+  if (float64 == 0) {
+    record_next<float>(n, static_cast<const float*>(grad), static_cast<const float*>(noise),
+                       static_cast<float*>(grad_avg), static_cast<float*>(hess_avg), float(count), price, threads);
+    return 0;
+  }
+  return -1;
+}
 
 // scalars: delta, beta1, keep, beta2, lr, damping (6 doubles); momentum may be NULL.
 int mcgraph_vogn_update(int float64, int64_t n, const void* mean, const void* grad, const void* hess,
@@ -269,6 +302,6 @@ int mcgraph_ivon_step(int float64, int64_t n, void* mean, void* momentum, void* 
   return -1;
 }
 
-int mcgraph_cpu_kernels_abi() { return 1; }
+int mcgraph_cpu_kernels_abi() { return 2; }
 
 }  // extern "C"
