@@ -136,6 +136,26 @@ def _radius(value) -> float:
     return float(value)
 
 
+def _bump_versions(tensors: list[torch.Tensor]) -> None:
+    """Bump the autograd version counters of tensors written through their pointers (one call where
+    torch takes a list, from 2.5; one per tensor before)."""
+    if _LIST_INCREMENT:
+        increment_version(tensors)
+    else:  # pragma: no cover - torch < 2.5
+        for t in tensors:
+            increment_version(t)
+
+
+def _takes_a_list() -> bool:
+    try:
+        increment_version([torch.zeros(1)])
+    except TypeError:  # pragma: no cover - torch < 2.5
+        return False
+    return True
+
+
+_LIST_INCREMENT = _takes_a_list()
+
 #: 0-d tensors of the scalars of the foreach ops on CPU parameters, by (value, dtype) (see :meth:`IVON._scalar`)
 _SCALARS: dict = {}
 
@@ -350,10 +370,10 @@ class IVON(CountedOptimizer):
 
         return dist.get_rank(group), dist.get_world_size(group), group
 
-    def _noise(self, scaled: bool = True) -> list[torch.Tensor]:
+    def _noise(self, inverse_scales: list[torch.Tensor] | None) -> list[torch.Tensor]:
         """``σ ⊙ ε`` of the next sample for every parameter (in its state dtype): row 0 of
-        :meth:`_noise_rows` ``(1)``, drawn without the sample axis (the one-sample path of every step).
-        ``scaled=False``: ε itself (the caller divides by 1/σ)."""
+        :meth:`_noise_rows` ``(1)``, drawn without the sample axis (the one-sample path of every step);
+        ``inverse_scales`` is 1/σ (:meth:`_inverse_scales`), or ``None`` for ε itself."""
         flat = self._flat()
         eps = []
         if self.seed is None:
@@ -375,8 +395,8 @@ class IVON(CountedOptimizer):
                 gen.manual_seed(mix_seed(base, j))
                 eps.append(torch.randn(p.shape, generator=gen, device=p.device, dtype=_state_dtype(p)))
         self._draws += 1
-        if scaled:
-            torch._foreach_div_(eps, self._inverse_scales())
+        if inverse_scales is not None:
+            torch._foreach_div_(eps, inverse_scales)
         return eps
 
     def _inverse_scales(self) -> list[torch.Tensor]:
@@ -445,11 +465,11 @@ class IVON(CountedOptimizer):
             means = [self._mean(p) for p, _ in flat]
             invs = self._inverse_scales()
             if self._compiled_sample() and cpu_kernels.group_fits(means, invs):
-                noise, thetas = self._noise(scaled=False), [torch.empty_like(m) for m in means]
+                noise, thetas = self._noise(None), [torch.empty_like(m) for m in means]
                 for eps, inv, mean, theta in zip(noise, invs, means, thetas):
                     cpu_kernels.ivon_sample_(eps, inv, mean, theta)
             else:
-                noise = self._noise()
+                noise = self._noise(invs)
                 thetas = torch._foreach_add(means, noise)
             saved = [p.data for p, _ in flat]
             for (p, _), theta in zip(flat, thetas):
@@ -574,8 +594,7 @@ class IVON(CountedOptimizer):
                 cpu_kernels.ivon_step_(means, momentum, hess, gbar, fbar, hess_wd, inv, beta1=b1, beta2=b2, ess=ess,
                                        weight_decay=wd, debias=debias, lr=lr, clip_radius=radius,
                                        price=self.hess_approx == HessApprox.PRICE, checked=True)
-                for written in (*means, *momentum, *hess, *hess_wd):  # written through their pointers
-                    increment_version(written)
+                _bump_versions([*means, *momentum, *hess, *hess_wd])  # written through their pointers
                 for p, st in zip(ps, states):
                     if "mean" in st:
                         p.copy_(st["mean"])
