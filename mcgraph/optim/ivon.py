@@ -191,7 +191,7 @@ class IVON(CountedOptimizer):
             CPU and a compiler is found, else torch's foreach operations; ``True``: the compiled pass,
             raising if it cannot be had; ``False``: the foreach operations. Both give the same numbers
             bit for bit; the compiled pass reads and writes each element once instead of about twenty
-            times (on a 1.8 M-parameter MLP it takes the update from 11.5 to 3.1 ms).
+            times (on a 1.8 M-parameter MLP, one thread, it took step() from 9.6 to 3.9 ms).
 
     Raises:
         ValueError: a hyperparameter out of range, or no parameters.
