@@ -52,6 +52,7 @@ from ..engine.noise import mix_seed, resolve_seed
 from ._checks import choice, positive_int, positive_real
 from ._state import CountedOptimizer
 from .per_example import RULES, SquaredGradients, rule_for
+from .seeded_noise import fill_normal
 
 __all__ = ["GaussianVariationalOptimizer", "check_model", "posterior_model"]
 
@@ -164,15 +165,17 @@ class GaussianVariationalOptimizer(CountedOptimizer):
         shape to draw into (the same numbers), or ``None``.
         """
         base = mix_seed(mix_seed(self.seed, draw), sample)
-        eps = []
+        eps: list = []
+        jobs = []
         for j, (p, group) in enumerate(self._flat()):
             if not group["sample"]:
                 eps.append(None)
                 continue
-            gen = self._generator(p.device)
-            gen.manual_seed(mix_seed(base, j))
-            eps.append(torch.randn(p.shape, generator=gen, dtype=p.dtype, device=p.device,
-                                   out=None if out is None else out[j]))
+            e = out[j] if out is not None and out[j] is not None else torch.empty(p.shape, dtype=p.dtype,
+                                                                                   device=p.device)
+            eps.append(e)
+            jobs.append((mix_seed(base, j), e))
+        fill_normal(jobs)  # (independent draws: several threads)
         return eps
 
     def _prior_precision(self, p: nn.Parameter, group: dict) -> torch.Tensor | float:

@@ -109,6 +109,7 @@ from ._checks import non_negative_real, positive_int, positive_real, real_in, se
 from ._state import CountedOptimizer
 from . import cpu_kernels
 from .batched_samples import Unbatchable, check_batchable, default_chunk_size
+from .seeded_noise import fill_normal
 
 __all__ = ["IVON", "HessApprox"]
 
@@ -387,13 +388,8 @@ class IVON(CountedOptimizer):
         else:
             rank, world, _ = self._world()
             base = mix_seed(mix_seed(self.seed, self.counters["step"]), self._draws * world + rank)
-            generators: dict = {}
-            for j, (p, _) in enumerate(flat):
-                gen = generators.get(p.device)
-                if gen is None:
-                    gen = generators[p.device] = self._generator(p.device)
-                gen.manual_seed(mix_seed(base, j))
-                eps.append(torch.randn(p.shape, generator=gen, device=p.device, dtype=_state_dtype(p)))
+            eps = [torch.empty(p.shape, device=p.device, dtype=_state_dtype(p)) for p, _ in flat]
+            fill_normal([(mix_seed(base, j), e) for j, e in enumerate(eps)])  # (independent: several threads)
         self._draws += 1
         if inverse_scales is not None:
             torch._foreach_div_(eps, inverse_scales)
@@ -435,12 +431,11 @@ class IVON(CountedOptimizer):
             rows = [torch.empty((samples, *p.shape), dtype=_state_dtype(p), device=p.device) for p, _ in flat]
             rank, world, _ = self._world()
             step_seed = mix_seed(self.seed, self.counters["step"])
+            jobs = []
             for k in range(samples):
                 base = mix_seed(step_seed, (self._draws + k) * world + rank)
-                for j, (p, _) in enumerate(flat):
-                    gen = self._generator(p.device)
-                    gen.manual_seed(mix_seed(base, j))
-                    rows[j][k].normal_(generator=gen)
+                jobs += [(mix_seed(base, j), rows[j][k]) for j in range(len(flat))]
+            fill_normal(jobs)
         self._draws += samples
         for r, v in zip(rows, [v for _, group_inv in self._group_scales() for v in group_inv]):
             r.div_(v)
