@@ -79,3 +79,15 @@ def _draw_in_child() -> bool:
     outs = [(s, torch.empty(PARALLEL_MIN_ELEMENTS)) for s in range(3)]
     fill_normal(outs)  # torch.get_num_threads() is the parent's 2: the pool is used
     return all(np.array_equal(o.numpy(), _expected(s, o).numpy()) for s, o in outs), seeded_noise._pool.get("workers")
+
+
+def test_draws_inside_inference_mode_are_taken_by_the_workers_too():
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with torch.inference_mode():
+            outs = [(s, torch.empty(PARALLEL_MIN_ELEMENTS)) for s in range(3)]
+            fill_normal(outs)
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(o, _expected(s, o)) for s, o in outs)

@@ -62,6 +62,13 @@ def _draw(seed: int, out: torch.Tensor) -> None:
     out.normal_(generator=gen)
 
 
+def _draw_in_mode(seed: int, out: torch.Tensor, inference: bool) -> None:
+    # torch's inference mode is per thread: a worker takes the caller's (an inference tensor may be
+    # written only inside it)
+    with torch.inference_mode(inference):
+        _draw(seed, out)
+
+
 def _executor(workers: int) -> concurrent.futures.ThreadPoolExecutor:
     with _pool_lock:
         if _pool.get("workers") != workers:
@@ -88,7 +95,8 @@ def fill_normal(jobs: list[tuple[int, torch.Tensor]]) -> None:
             _draw(seed, out)
         return
     chosen = {id(o) for _, o in large}
-    futures = [_executor(workers).submit(_draw, s, o) for s, o in large]
+    inference = torch.is_inference_mode_enabled()
+    futures = [_executor(workers).submit(_draw_in_mode, s, o, inference) for s, o in large]
     try:
         for seed, out in jobs:
             if id(out) not in chosen:
