@@ -61,6 +61,17 @@ def unavailable_reason() -> str | None:
     return _LIBRARY.unavailable_reason()
 
 
+def checked_fused(fused, who: str) -> bool | None:
+    """An optimizer's ``fused`` argument, checked: ``None``, ``True`` or ``False``; ``True`` raises here
+    when the kernels cannot be built, naming ``who`` and the reason."""
+    if fused is not None and not isinstance(fused, bool):
+        raise TypeError(f"fused must be None, True or False, got {fused!r}")
+    if fused and library() is None:
+        raise RuntimeError(f"fused=True: the compiled {who} could not be built ({unavailable_reason()}); "
+                           f"install a C++ compiler or set CXX, or pass fused=None / False")
+    return fused
+
+
 _DTYPES = (torch.float32, torch.float64)
 
 #: Elements of a group below which a weight sample and its statistics stay torch's foreach operations:

@@ -238,19 +238,13 @@ class IVON(CountedOptimizer):
             real_in("beta2", group["beta2"], 0.0, 1.0)
             _radius(group["clip_radius"])
         self._on_cpu = all(p.device.type == "cpu" for p, _ in flat)
-        if fused is not None and not isinstance(fused, bool):
-            raise TypeError(f"fused must be None, True or False, got {fused!r}")
+        self.fused = cpu_kernels.checked_fused(fused, "IVON step")
         if fused:
             unfit = [p for p, _ in flat if p.device.type != "cpu" or not p.is_contiguous()]
             if unfit:
                 raise ValueError(f"fused=True: the compiled step takes contiguous CPU parameters; one is "
                                  f"{'on ' + str(unfit[0].device) if unfit[0].device.type != 'cpu' else 'not contiguous'} "
                                  f"(pass fused=None to use it where it applies, or fused=False)")
-            if cpu_kernels.library() is None:
-                raise RuntimeError(f"fused=True: the compiled IVON step could not be built "
-                                   f"({cpu_kernels.unavailable_reason()}); install a C++ compiler or set CXX, "
-                                   f"or pass fused=None / False")
-        self.fused = fused
         self._numel: int | None = None  # numbers in the parameters (computed at the first sample)
         self.mc_samples = defaults["mc_samples"]
         self.hess_approx = hess_approx.value

@@ -150,13 +150,7 @@ class VOGN(GaussianVariationalOptimizer):
                  loss_reduction: str = "mean", seed: int | None = None, spike_slab=None,
                  process_group=None, parallel: str = "data", check_noise: bool = True,
                  fused: bool | None = None) -> None:
-        if fused is not None and not isinstance(fused, bool):
-            raise TypeError(f"fused must be None, True or False, got {fused!r}")
-        if fused and cpu_kernels.library() is None:
-            raise RuntimeError(f"fused=True: the compiled VOGN kernels could not be built "
-                               f"({cpu_kernels.unavailable_reason()}); install a C++ compiler or set CXX, "
-                               f"or pass fused=None / False")
-        self.fused = fused
+        self.fused = cpu_kernels.checked_fused(fused, "VOGN kernels")
         self.check_noise = bool(check_noise)
         self._vmap_refused = False  # step_samples found a layer vmap cannot batch: later calls take step()
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
