@@ -1,4 +1,5 @@
-"""What every optimizer of :mod:`mcgraph.optim` keeps beside torch's state: counters and seeded generators."""
+"""What every optimizer of :mod:`mcgraph.optim` keeps beside torch's state: counters (their seeded noise is
+:mod:`mcgraph.optim.seeded_noise`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ __all__ = ["CountedOptimizer"]
 
 
 class CountedOptimizer(torch.optim.Optimizer):
-    """A ``torch.optim.Optimizer`` with ``counters`` saved in its ``state_dict`` and per-device generators.
+    """A ``torch.optim.Optimizer`` with ``counters`` saved in its ``state_dict``.
 
     Subclasses set ``self.counters`` (a dict of ints/bools, at least ``"skipped"``) after
     ``super().__init__``; :meth:`state_dict` / :meth:`load_state_dict` round-trip it.
@@ -33,12 +34,3 @@ class CountedOptimizer(torch.optim.Optimizer):
     def skipped_steps(self) -> int:
         """Steps skipped because a gradient or the new state was not finite."""
         return int(self.counters["skipped"])
-
-    def _generator(self, device: torch.device) -> torch.Generator:
-        """This optimizer's generator on ``device`` (created once; callers reseed it per draw)."""
-        generators = self.__dict__.setdefault("_generators", {})
-        key = str(device)
-        gen = generators.get(key)
-        if gen is None:
-            gen = generators[key] = torch.Generator(device=device)
-        return gen

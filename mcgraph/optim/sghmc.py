@@ -56,6 +56,7 @@ from ..engine.checks import all_finite
 from ..engine.noise import mix_seed, resolve_seed
 from ._checks import non_negative_real, positive_real, real_in
 from ._state import CountedOptimizer
+from .seeded_noise import fill_normal
 
 __all__ = ["AdaptiveSGHMC"]
 
@@ -102,9 +103,9 @@ class AdaptiveSGHMC(CountedOptimizer):
         return tensors
 
     def _normal(self, p: torch.Tensor, step: int, j: int, kind: int) -> torch.Tensor:
-        gen = self._generator(p.device)
-        gen.manual_seed(mix_seed(mix_seed(mix_seed(self.seed, step), j), kind))
-        return torch.randn(p.shape, generator=gen, dtype=p.dtype, device=p.device)
+        out = torch.empty(p.shape, dtype=p.dtype, device=p.device)
+        fill_normal([(mix_seed(mix_seed(mix_seed(self.seed, step), j), kind), out)])
+        return out
 
     def _decay(self, p: torch.Tensor, group: dict):
         if self.spike_slab is not None:
