@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_spies import count_kernel_calls
 from torch import nn
 
 from mcgraph.engine import native
@@ -156,32 +157,32 @@ def test_a_checkpoint_resumes_across_the_two_paths():
     _assert_same(opt, twin, net, twin_net)
 
 
-def test_changing_ess_between_steps_rescales_the_noise_on_both_paths():
+def _both_paths_with_an_edit(edit, seed):
+    """Two steps on the compiled and the foreach path, ``edit(opt, net)`` on each, two more steps: the same."""
     x, y = _data(torch.float64)
     net_a, net_b = _net(torch.float64), _net(torch.float64)
-    a, b = IVON(net_a, lr=0.1, ess=40, seed=1), IVON(net_b, lr=0.1, ess=40, seed=1, fused=False)
-    _run(a, net_a, x, y, steps=2, samples=1)
-    _run(b, net_b, x, y, steps=2, samples=1)
-    for opt in (a, b):
+    a, b = IVON(net_a, lr=0.1, ess=40, seed=seed), IVON(net_b, lr=0.1, ess=40, seed=seed, fused=False)
+    for opt, net in ((a, net_a), (b, net_b)):
+        _run(opt, net, x, y, steps=2, samples=1)
+        edit(opt, net)
+        _run(opt, net, x, y, steps=2, samples=1)
+    _assert_same(a, b, net_a, net_b)
+
+
+def test_changing_ess_between_steps_rescales_the_noise_on_both_paths():
+    def edit(opt, net):
         opt.param_groups[0]["ess"] = 400.0
         opt.param_groups[0]["weight_decay"] = 0.5
-    _run(a, net_a, x, y, steps=2, samples=1)
-    _run(b, net_b, x, y, steps=2, samples=1)
-    _assert_same(a, b, net_a, net_b)
+
+    _both_paths_with_an_edit(edit, seed=1)
 
 
 def test_a_hessian_changed_between_steps_rescales_the_next_sample_on_both_paths():
-    x, y = _data(torch.float64)
-    net_a, net_b = _net(torch.float64), _net(torch.float64)
-    a, b = IVON(net_a, lr=0.1, ess=40, seed=2), IVON(net_b, lr=0.1, ess=40, seed=2, fused=False)
-    _run(a, net_a, x, y, steps=2, samples=1)
-    _run(b, net_b, x, y, steps=2, samples=1)
-    for opt, net in ((a, net_a), (b, net_b)):
+    def edit(opt, net):
         opt.state[net[0].weight]["hess"].mul_(100.0)  # in place
         opt.state[net[2].weight]["hess"] = torch.full_like(opt.state[net[2].weight]["hess"], 7.0)  # replaced
-    _run(a, net_a, x, y, steps=2, samples=1)
-    _run(b, net_b, x, y, steps=2, samples=1)
-    _assert_same(a, b, net_a, net_b)
+
+    _both_paths_with_an_edit(edit, seed=2)
 
 
 @pytest.mark.parametrize("fused", [None, False])
@@ -249,21 +250,8 @@ def _wide(dtype=torch.float32):
     return nn.Sequential(nn.Linear(6, 300), nn.Tanh(), nn.Linear(300, 250), nn.Tanh(), nn.Linear(250, 3)).to(dtype)
 
 
-def _spy(monkeypatch, names):
-    calls = dict.fromkeys(names, 0)
-    for name in names:
-        original = getattr(cpu_kernels, name)
-
-        def counted(*args, _name=name, _original=original, **kwargs):
-            calls[_name] += 1
-            return _original(*args, **kwargs)
-
-        monkeypatch.setattr(cpu_kernels, name, counted)
-    return calls
-
-
 def test_the_compiled_passes_run_and_split_elements_over_threads_without_changing_a_bit(monkeypatch):
-    calls = _spy(monkeypatch, ["ivon_step_", "ivon_sample_", "ivon_record_first_", "ivon_record_next_"])
+    calls = count_kernel_calls(monkeypatch, ["ivon_step_", "ivon_sample_", "ivon_record_first_", "ivon_record_next_"])
     x, y = _data(torch.float32)
     runs = []
     threads = torch.get_num_threads()
@@ -295,17 +283,13 @@ def test_the_step_bumps_the_version_of_every_tensor_it_writes():
 
 def test_a_hessian_replaced_after_the_old_one_is_freed_rescales_the_next_sample():
     # Python may give the new tensor the freed one's id: the cache compares the tensors themselves.
-    x, y = _data(torch.float64)
-    nets = [_net(torch.float64) for _ in range(2)]
-    opts = [IVON(nets[0], lr=0.1, ess=40, seed=2), IVON(nets[1], lr=0.1, ess=40, seed=2, fused=False)]
-    for opt, net in zip(opts, nets):
-        _run(opt, net, x, y, steps=2, samples=1)
+    def edit(opt, net):
         state = opt.state[net[0].weight]
         shape, dtype = state["hess"].shape, state["hess"].dtype
         del state["hess"]
         state["hess"] = torch.full(shape, 7.0, dtype=dtype)
-        _run(opt, net, x, y, steps=2, samples=1)
-    _assert_same(opts[0], opts[1], nets[0], nets[1])
+
+    _both_paths_with_an_edit(edit, seed=2)
 
 
 def test_state_of_another_dtype_takes_torch_operations_or_raises_before_writing_under_fused_true():

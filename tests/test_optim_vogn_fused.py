@@ -7,6 +7,7 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_spies import count_kernel_calls
 from torch import nn
 
 from mcgraph.engine import native
@@ -132,15 +133,7 @@ def test_fused_argument_is_checked():
 
 
 def test_the_compiled_kernels_run_and_fused_true_is_taken(monkeypatch):
-    calls = dict.fromkeys(("vogn_update_", "vogn_variance_"), 0)
-    for name in calls:
-        original = getattr(cpu_kernels, name)
-
-        def counted(*args, _name=name, _original=original, **kwargs):
-            calls[_name] += 1
-            return _original(*args, **kwargs)
-
-        monkeypatch.setattr(cpu_kernels, name, counted)
+    calls = count_kernel_calls(monkeypatch, ("vogn_update_", "vogn_variance_"))
     x, y = _data(torch.float32)
     nets = [_mlp(torch.float32) for _ in range(2)]
     a = VOGN(nets[0], 100, lr=0.05, seed=0, check_noise=False, fused=True)
