@@ -92,7 +92,7 @@ void step_all(int64_t n, T* mean, T* momentum, T* hess, const T* grad_avg, const
 }
 
 template <typename T>
-int step(int64_t n, void* mean, void* momentum, void* hess, const void* grad_avg, const void* hess_avg,
+void step(int64_t n, void* mean, void* momentum, void* hess, const void* grad_avg, const void* hess_avg,
          void* hess_wd, void* scale_sq, const double* s, int price, int clip, int threads) {
   // Each scalar rounded once to T, as torch rounds a Python number or a 0-d tensor of T.
   const Scalars<T> c{T(s[0]), T(s[1]), T(s[2]), T(s[3]), T(s[4]), T(s[5]), T(s[6]), T(s[7]), T(s[8]), T(s[9])};
@@ -110,7 +110,6 @@ int step(int64_t n, void* mean, void* momentum, void* hess, const void* grad_avg
     if (clip) step_all<T, false, true>(n, m, g, h, ga, ha, hw, sq, c, threads);
     else step_all<T, false, false>(n, m, g, h, ga, ha, hw, sq, c, threads);
   }
-  return 0;
 }
 
 // A weight sample: eps <- eps / inv (sigma * epsilon), theta <- mean + eps.
@@ -202,104 +201,83 @@ void record_next(int64_t n, const T* __restrict grad, const T* __restrict noise,
   }
 }
 
+// Calls f(T{}) with T the buffers' element type (float64: 0 for float32, 1 for float64) and returns 0,
+// or returns -1 for another code.
+template <typename F>
+int by_dtype(int float64, F&& f) {
+  if (float64 == 1) {
+    f(double{});
+    return 0;
+  }
+  if (float64 == 0) {
+    f(float{});
+    return 0;
+  }
+  return -1;
+}
+
 }  // namespace
 
 extern "C" {
 
+// Every entry point returns 0, or -1 for an unknown dtype code (float64: 0 for float32 buffers, 1 for float64).
+
 int mcgraph_ivon_record_next(int float64, int64_t n, const void* grad, const void* noise, void* grad_avg,
                              void* hess_avg, double count, int price, int threads) {
-  if (float64 == 1) {
-    record_next<double>(n, static_cast<const double*>(grad), static_cast<const double*>(noise),
-                        static_cast<double*>(grad_avg), static_cast<double*>(hess_avg), count, price, threads);
-    return 0;
-  }
-  if (float64 == 0) {
-    record_next<float>(n, static_cast<const float*>(grad), static_cast<const float*>(noise),
-                       static_cast<float*>(grad_avg), static_cast<float*>(hess_avg), float(count), price, threads);
-    return 0;
-  }
-  return -1;
+  return by_dtype(float64, [&](auto zero) {
+    using T = decltype(zero);
+    record_next<T>(n, static_cast<const T*>(grad), static_cast<const T*>(noise), static_cast<T*>(grad_avg),
+                   static_cast<T*>(hess_avg), T(count), price, threads);
+  });
 }
 
 // scalars: delta, beta1, keep, beta2, lr, damping (6 doubles); momentum may be NULL.
 int mcgraph_vogn_update(int float64, int64_t n, const void* mean, const void* grad, const void* hess,
                         const void* momentum, const void* precision, void* mean_out, void* momentum_out,
                         void* precision_out, const double* scalars, int threads) {
-  if (float64 == 1) {
-    vogn_update<double>(n, static_cast<const double*>(mean), static_cast<const double*>(grad),
-                        static_cast<const double*>(hess), static_cast<const double*>(momentum),
-                        static_cast<const double*>(precision), static_cast<double*>(mean_out),
-                        static_cast<double*>(momentum_out), static_cast<double*>(precision_out), scalars, threads);
-    return 0;
-  }
-  if (float64 == 0) {
-    vogn_update<float>(n, static_cast<const float*>(mean), static_cast<const float*>(grad),
-                       static_cast<const float*>(hess), static_cast<const float*>(momentum),
-                       static_cast<const float*>(precision), static_cast<float*>(mean_out),
-                       static_cast<float*>(momentum_out), static_cast<float*>(precision_out), scalars, threads);
-    return 0;
-  }
-  return -1;
+  return by_dtype(float64, [&](auto zero) {
+    using T = decltype(zero);
+    vogn_update<T>(n, static_cast<const T*>(mean), static_cast<const T*>(grad), static_cast<const T*>(hess),
+                   static_cast<const T*>(momentum), static_cast<const T*>(precision), static_cast<T*>(mean_out),
+                   static_cast<T*>(momentum_out), static_cast<T*>(precision_out), scalars, threads);
+  });
 }
 
 // scalars: delta, damping, N, tau (4 doubles).
 int mcgraph_vogn_variance(int float64, int64_t n, const void* precision, void* out, const double* scalars,
                           int scale_by_tau, int threads) {
-  if (float64 == 1) {
-    vogn_variance<double>(n, static_cast<const double*>(precision), static_cast<double*>(out), scalars, scale_by_tau,
-                          threads);
-    return 0;
-  }
-  if (float64 == 0) {
-    vogn_variance<float>(n, static_cast<const float*>(precision), static_cast<float*>(out), scalars, scale_by_tau,
-                         threads);
-    return 0;
-  }
-  return -1;
+  return by_dtype(float64, [&](auto zero) {
+    using T = decltype(zero);
+    vogn_variance<T>(n, static_cast<const T*>(precision), static_cast<T*>(out), scalars, scale_by_tau, threads);
+  });
 }
 
 int mcgraph_ivon_sample(int float64, int64_t n, void* eps, const void* inv, const void* mean, void* theta,
                         int threads) {
-  if (float64 == 1) {
-    sample<double>(n, static_cast<double*>(eps), static_cast<const double*>(inv), static_cast<const double*>(mean),
-                   static_cast<double*>(theta), threads);
-    return 0;
-  }
-  if (float64 == 0) {
-    sample<float>(n, static_cast<float*>(eps), static_cast<const float*>(inv), static_cast<const float*>(mean),
-                  static_cast<float*>(theta), threads);
-    return 0;
-  }
-  return -1;
+  return by_dtype(float64, [&](auto zero) {
+    using T = decltype(zero);
+    sample<T>(n, static_cast<T*>(eps), static_cast<const T*>(inv), static_cast<const T*>(mean),
+              static_cast<T*>(theta), threads);
+  });
 }
 
 int mcgraph_ivon_record_first(int float64, int64_t n, const void* grad, void* noise, void* grad_avg,
                               void* hess_avg, int price, int threads) {
-  if (float64 == 1) {
-    record_first<double>(n, static_cast<const double*>(grad), static_cast<const double*>(noise),
-                         static_cast<double*>(grad_avg), static_cast<double*>(hess_avg), price, threads);
-    return 0;
-  }
-  if (float64 == 0) {
-    record_first<float>(n, static_cast<const float*>(grad), static_cast<const float*>(noise),
-                        static_cast<float*>(grad_avg), static_cast<float*>(hess_avg), price, threads);
-    return 0;
-  }
-  return -1;
+  return by_dtype(float64, [&](auto zero) {
+    using T = decltype(zero);
+    record_first<T>(n, static_cast<const T*>(grad), static_cast<const T*>(noise), static_cast<T*>(grad_avg),
+                    static_cast<T*>(hess_avg), price, threads);
+  });
 }
 
 // scalars: b1, 1 - b1, ess, 0.5 (1 - b2)^2, b2, 1 - b2, debias, wd, lr, clip radius (10 doubles).
-// float64: 0 for float32 buffers, 1 for float64. Returns 0, or -1 for an unknown dtype.
 int mcgraph_ivon_step(int float64, int64_t n, void* mean, void* momentum, void* hess, const void* grad_avg,
                       const void* hess_avg, void* hess_wd, void* scale_sq, const double* scalars, int price,
                       int clip, int threads) {
-  if (float64 == 1)
-    return step<double>(n, mean, momentum, hess, grad_avg, hess_avg, hess_wd, scale_sq, scalars, price, clip,
-                        threads);
-  if (float64 == 0)
-    return step<float>(n, mean, momentum, hess, grad_avg, hess_avg, hess_wd, scale_sq, scalars, price, clip,
-                       threads);
-  return -1;
+  return by_dtype(float64, [&](auto zero) {
+    step<decltype(zero)>(n, mean, momentum, hess, grad_avg, hess_avg, hess_wd, scale_sq, scalars, price, clip,
+                         threads);
+  });
 }
 
 int mcgraph_cpu_kernels_abi() { return 2; }
