@@ -13,7 +13,7 @@ operations.
 Example:
     >>> import torch
     >>> from mcgraph.optim import cpu_kernels
-    >>> cpu_kernels.supports(torch.zeros(3)), cpu_kernels.supports(torch.zeros(3, 2).t())
+    >>> cpu_kernels.fits(torch.zeros(3)), cpu_kernels.fits(torch.zeros(3, 2).t())
     (True, False)
 """
 
@@ -83,15 +83,10 @@ SAMPLE_MIN_ELEMENTS = 1 << 16
 _STRIDED = torch.strided
 
 
-def supports(t: torch.Tensor) -> bool:
-    """Whether the kernels take a tensor like ``t``: a dense, contiguous float32 or float64 CPU tensor.
-    (A real tensor has no lazily conjugated or negated views outside torch's private API.)"""
-    return t.dtype in _DTYPES and t.layout is _STRIDED and t.is_cpu and t.is_contiguous()
-
-
 def fits(*tensors: torch.Tensor) -> bool:
-    """Whether one kernel call takes ``tensors`` together: each :func:`supports` it, all of one dtype and
-    one number of elements."""
+    """Whether one kernel call takes ``tensors`` together: dense, contiguous CPU tensors, all float32 or all
+    float64, of one number of elements. (A real tensor has no lazily conjugated or negated views outside
+    torch's private API.)"""
     first = tensors[0]
     if first is None:
         return False
@@ -106,7 +101,7 @@ def fits(*tensors: torch.Tensor) -> bool:
 
 
 def group_fits(*lists: list[torch.Tensor]) -> bool:
-    """Whether :func:`ivon_step_` takes a group's lists: the ``j``-th tensors of every list :func:`fits`."""
+    """Whether :func:`ivon_step_` takes a group's lists: the ``j``-th tensors of every list :func:`fits` together."""
     return all(fits(*tensors) for tensors in zip(*lists))
 
 
@@ -186,7 +181,7 @@ def vogn_update_(mean: torch.Tensor, grad: torch.Tensor, hess: torch.Tensor, mom
                  damping: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """VOGN's new ``(μ, m, s)`` of one parameter in new tensors (the inputs are read only):
     ``m = β₁ m + (ĝ + δ̃ μ)`` (``ĝ + δ̃ μ`` when ``momentum`` is ``None``), ``s = keep·s + β₂ ĥ``,
-    ``μ − α m / (s + δ̃ + γ)`` (every tensor of one shape and dtype, :func:`supports`)."""
+    ``μ − α m / (s + δ̃ + γ)`` (the tensors must :func:`fits` together)."""
     _require(fits(mean, grad, hess, precision, *(() if momentum is None else (momentum,))), "vogn_update_")
     outs = tuple(torch.empty_like(mean) for _ in range(3))
     scalars = (ctypes.c_double * 6)(delta, beta1, keep, beta2, lr, damping)
@@ -200,7 +195,7 @@ def vogn_update_(mean: torch.Tensor, grad: torch.Tensor, hess: torch.Tensor, mom
 def vogn_variance_(precision: torch.Tensor, *, delta: float, damping: float, size: float,
                    tau: float | None) -> torch.Tensor:
     """VOGN's noise variance ``1 / (N (s + δ̃ + γ))`` (times ``tau`` unless it is ``None``) in a new tensor."""
-    _require(supports(precision), "vogn_variance_")
+    _require(fits(precision), "vogn_variance_")
     out = torch.empty_like(precision)
     scalars = (ctypes.c_double * 4)(delta, damping, size, 1.0 if tau is None else tau)
     _checked(_lib().mcgraph_vogn_variance(precision.dtype == torch.float64, precision.numel(), precision.data_ptr(),
