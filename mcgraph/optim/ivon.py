@@ -483,8 +483,8 @@ class IVON(CountedOptimizer):
         flat = self._flat()
         first = self._avg_grad is None
         price = self.hess_approx == HessApprox.PRICE
-        if first and self._compiled_sample() and all(gi is not None for gi in grads) \
-                and cpu_kernels.group_fits(grads, noise):
+        compiled = self._compiled_sample() and all(gi is not None for gi in grads)
+        if compiled and first and cpu_kernels.group_fits(grads, noise):
             g = [torch.empty_like(n) for n in noise]
             h = noise if price else [torch.empty_like(n) for n in noise]
             for gi, n, ga, ha in zip(grads, noise, g, h):
@@ -492,8 +492,7 @@ class IVON(CountedOptimizer):
             self._count = 1
             self._avg_grad, self._avg_hess = g, h
             return
-        if not first and self._compiled_sample() and all(gi is not None for gi in grads) \
-                and cpu_kernels.group_fits(grads, noise, self._avg_grad, self._avg_hess):
+        if compiled and not first and cpu_kernels.group_fits(grads, noise, self._avg_grad, self._avg_hess):
             self._count += 1
             for gi, n, ga, ha in zip(grads, noise, self._avg_grad, self._avg_hess):
                 cpu_kernels.ivon_record_next_(gi, n, ga, ha, count=self._count, price=price)
