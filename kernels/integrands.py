@@ -29,7 +29,6 @@ registered class's ``log_prob`` unchanged: a subclass that overrides
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -39,9 +38,8 @@ import triton.language as tl
 from torch.distributions import Cauchy, Distribution, Gamma, InverseGamma, Laplace, LogNormal, Normal, StudentT
 
 from mcgraph.distributions import Logistic, LogUniform, ScaleMixtureNormal
+from mcgraph.engine.log_densities import LOG_DENSITIES
 from mcgraph.engine.registry import Registry
-
-_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
 
 @dataclass(frozen=True)
@@ -103,8 +101,15 @@ def _sign(x):
 # --------------------------------------------------------------------------- integrands
 
 
-@register_log_prob(Normal, params=lambda d: (d.loc, d.scale),
-                   normalizer=lambda loc, scale: -torch.log(scale) - _HALF_LOG_2PI)
+def _builtin(dist_type: type) -> dict:
+    """The parameters, normaliser and support of a built-in density (shared with the CPU loop:
+    :mod:`mcgraph.engine.log_densities`)."""
+    entry = LOG_DENSITIES[dist_type]
+    return {"params": entry.params, "normalizer": entry.normalizer, "positive": entry.positive}
+
+
+
+@register_log_prob(Normal, **_builtin(Normal))
 @triton.jit
 def normal_log_prob(w, loc, scale, p2, p3):
     """h = -z²/2, z = (w - loc)/scale."""
@@ -113,8 +118,7 @@ def normal_log_prob(w, loc, scale, p2, p3):
     return -0.5 * z * z, dw, -dw, z * z / scale, w * 0.0, w * 0.0
 
 
-@register_log_prob(Laplace, params=lambda d: (d.loc, d.scale),
-                   normalizer=lambda loc, scale: -torch.log(2 * scale))
+@register_log_prob(Laplace, **_builtin(Laplace))
 @triton.jit
 def laplace_log_prob(w, loc, scale, p2, p3):
     """h = -|w - loc|/scale."""
@@ -123,7 +127,7 @@ def laplace_log_prob(w, loc, scale, p2, p3):
     return -tl.abs(d) / scale, dw, -dw, tl.abs(d) / (scale * scale), w * 0.0, w * 0.0
 
 
-@register_log_prob(Logistic, params=lambda d: (d.loc, d.scale), normalizer=lambda loc, scale: -torch.log(scale))
+@register_log_prob(Logistic, **_builtin(Logistic))
 @triton.jit
 def logistic_log_prob(w, loc, scale, p2, p3):
     """h = -|z| - 2 log(1 + e^{-|z|}); ∂h/∂z = -tanh(z/2)."""
@@ -133,8 +137,7 @@ def logistic_log_prob(w, loc, scale, p2, p3):
     return -tl.abs(z) - 2.0 * log1p(e), dz / scale, -dz / scale, -dz * z / scale, w * 0.0, w * 0.0
 
 
-@register_log_prob(Cauchy, params=lambda d: (d.loc, d.scale),
-                   normalizer=lambda loc, scale: -torch.log(scale) - math.log(math.pi))
+@register_log_prob(Cauchy, **_builtin(Cauchy))
 @triton.jit
 def cauchy_log_prob(w, loc, scale, p2, p3):
     """h = -log(1 + z²)."""
@@ -143,12 +146,7 @@ def cauchy_log_prob(w, loc, scale, p2, p3):
     return -log1p(z * z), dz / scale, -dz / scale, -dz * z / scale, w * 0.0, w * 0.0
 
 
-def _student_t_normalizer(df, loc, scale):
-    return (torch.lgamma(0.5 * (df + 1)) - torch.lgamma(0.5 * df) - 0.5 * torch.log(df * math.pi)
-            - torch.log(scale))
-
-
-@register_log_prob(StudentT, params=lambda d: (d.df, d.loc, d.scale), normalizer=_student_t_normalizer)
+@register_log_prob(StudentT, **_builtin(StudentT))
 @triton.jit
 def student_t_log_prob(w, df, loc, scale, p3):
     """h = -(ν+1)/2 · log(1 + z²/ν); ∂h/∂ν = -½ log(1 + z²/ν) + (ν+1)/2 · z²/(ν(ν + z²))."""
@@ -160,8 +158,7 @@ def student_t_log_prob(w, df, loc, scale, p3):
     return -0.5 * (df + 1.0) * l1, dz / scale, ddf, -dz / scale, -dz * z / scale, w * 0.0
 
 
-@register_log_prob(ScaleMixtureNormal, params=lambda d: (d.pi, d.scale1, d.scale2, d.loc),
-                   normalizer=lambda pi, s1, s2, loc: -_HALF_LOG_2PI)
+@register_log_prob(ScaleMixtureNormal, **_builtin(ScaleMixtureNormal))
 @triton.jit
 def scale_mixture_log_prob(w, pi, scale1, scale2, loc):
     """h = logaddexp(log π - log σ₁ - z₁²/2, log(1-π) - log σ₂ - z₂²/2); r = σ(a - b) weighs the gradients."""
@@ -179,15 +176,14 @@ def scale_mixture_log_prob(w, pi, scale1, scale2, loc):
     return h, dw, dpi, ds1, ds2, -dw
 
 
-@register_log_prob(LogUniform, params=lambda d: ())
+@register_log_prob(LogUniform, **_builtin(LogUniform))
 @triton.jit
 def log_uniform_log_prob(w, p0, p1, p2, p3):
     """h = -log|w| (improper prior of sparse variational dropout, constant dropped)."""
     return -tl.log(tl.abs(w)), -1.0 / w, w * 0.0, w * 0.0, w * 0.0, w * 0.0
 
 
-@register_log_prob(Gamma, params=lambda d: (d.concentration, d.rate), positive=True,
-                   normalizer=lambda k, rate: k * torch.log(rate) - torch.lgamma(k))
+@register_log_prob(Gamma, **_builtin(Gamma))
 @triton.jit
 def gamma_log_prob(w, k, rate, p2, p3):
     """h = (k - 1) log w - rate · w."""
@@ -195,8 +191,7 @@ def gamma_log_prob(w, k, rate, p2, p3):
     return (k - 1.0) * lw - rate * w, (k - 1.0) / w - rate, lw, -w, w * 0.0, w * 0.0
 
 
-@register_log_prob(LogNormal, params=lambda d: (d.loc, d.scale), positive=True,
-                   normalizer=lambda loc, scale: -torch.log(scale) - _HALF_LOG_2PI)
+@register_log_prob(LogNormal, **_builtin(LogNormal))
 @triton.jit
 def log_normal_log_prob(w, loc, scale, p2, p3):
     """h = -log w - z²/2, z = (log w - loc)/scale."""
@@ -205,8 +200,7 @@ def log_normal_log_prob(w, loc, scale, p2, p3):
     return -lw - 0.5 * z * z, (-1.0 - z / scale) / w, z / scale, z * z / scale, w * 0.0, w * 0.0
 
 
-@register_log_prob(InverseGamma, params=lambda d: (d.concentration, d.rate), positive=True,
-                   normalizer=lambda k, rate: k * torch.log(rate) - torch.lgamma(k))
+@register_log_prob(InverseGamma, **_builtin(InverseGamma))
 @triton.jit
 def inverse_gamma_log_prob(w, k, rate, p2, p3):
     """h = -(k + 1) log w - rate / w."""

@@ -11,7 +11,7 @@ import torch
 from torch.distributions import Distribution, constraints
 
 from . import backend
-from .estimators import chunked_value, collapsed_value, direct_value, fused_value, statistics
+from .estimators import chunked_value, collapsed_value, cpu_fused, direct_value, fused_value, statistics
 from .estimators.analytic import analytic_statistics
 from .estimators.sampling import default_chunk, samples, stream_for
 from .estimators.fused import describe_body
@@ -172,14 +172,29 @@ def _explain_kl(q: Distribution, p: Distribution, method, taylor_order) -> KLPla
     engine_method = "auto-analytic" if method == "auto" else method
     extra = len(q.event_shape) - len(p.event_shape)
     cross = _describe_fused(plan_for(_log_density(p, extra), q, method=engine_method, taylor_order=taylor_order))
+    kernel = _describe_cross_kernel(q, p, method) if taylor_order is None else ""
     try:
         with torch.no_grad():
             q.entropy()
-        return KLPlan(method, entropy="closed form", cross=cross)
+        return KLPlan(method, entropy="closed form", cross=cross, cross_kernel=kernel)
     except NotImplementedError:
         entropy_method = "monte-carlo" if method in ("collapsed", "collapsed-exact", "fused") else engine_method
-        return KLPlan(method, entropy="estimated", cross=cross,
+        return KLPlan(method, entropy="estimated", cross=cross, cross_kernel=kernel,
                       neg_entropy=_describe_fused(plan_for(q.log_prob, q, method=entropy_method)))
+
+
+def _describe_cross_kernel(q: Distribution, p: Distribution, method: str) -> str:
+    """``explain``'s line on the compiled CPU loop for E_q[log p] (empty where it does not apply; builds nothing)."""
+    if method not in ("auto", "monte-carlo", "fused"):
+        return ""
+    found = cpu_fused.plan(family_of(q), p, method)
+    if found is None:
+        return ""
+    why = cpu_fused.unavailable_reason()
+    if why is not None:
+        return f"(the compiled CPU loop for {found[0].name}'s log-density is unavailable: {why})"
+    return (f"fused: the compiled CPU loop for {found[0].name}'s log-density (value and gradients in one pass "
+            f"over the same noise) when M·P ≤ {cpu_fused.MAX_ELEMENTS} draws")
 
 
 def evaluate(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size: int | None,
@@ -513,16 +528,23 @@ def _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, re
                                                                f"{tuple(p.event_shape)}"))
     elif method == "closed-form":
         raise ValueError("taylor_order: an approximation of a closed form; drop taylor_order or method='closed-form'")
-    _check_finite(p, "p")
     seed = resolve_seed(seed)
     # "auto" without a closed form: the polynomial terms of E_q[log p] exact, the rest sampled
     engine_method = "auto-analytic" if method == "auto" else method
+    # a registered log-density, if any: the Triton kernel, or the compiled CPU loop
+    kernel = method in ("auto", "monte-carlo", "fused") and taylor_order is None and not return_stderr \
+        and shard is None
+    cross = cross_se = neg_entropy_se = None
+    if kernel and chunk_size is None:  # (a chunk size asked for: the engine's chunks)
+        # a non-finite estimate is traced back to a non-finite parameter (named), as below
+        cross = cpu_fused.log_prob_expectation(family_of(q), p, num_samples, seed, method=method, sum_rightmost=extra,
+                                               on_nonfinite=lambda: (_check_finite(p, "p"), _check_finite(q, "q")))
+    if cross is None:
+        _check_finite(p, "p")
 
     log_p = _log_density(p, extra)
     with _no_validation(p):
-        cross = cross_se = neg_entropy_se = None
-        if method in ("auto", "monte-carlo", "fused") and taylor_order is None and not return_stderr \
-                and shard is None:  # a registered Triton integrand, if any
+        if kernel and cross is None:
             cross = backend.log_prob_expectation(q, p, num_samples, seed, sum_rightmost=extra)
         q_checked = cross is None
         if cross is None:

@@ -39,6 +39,7 @@ functions below, each of which returns ``None`` when the torch path should run.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import math
@@ -150,23 +151,28 @@ def _kernels(module: str):
 # --------------------------------------------------------------------------- engine noise laws → Triton
 
 
+@functools.lru_cache(maxsize=None)
+def _standard_laws() -> dict[int, str]:
+    """``id(law) → name`` of the engine's standard noise laws that have a Triton counterpart (module constants)."""
+    from . import noise as nz
+
+    return {id(nz.STANDARD_NORMAL): "normal", id(nz.STANDARD_LAPLACE): "laplace",
+            id(nz.STANDARD_LOGISTIC): "logistic", id(nz.STANDARD_CAUCHY): "cauchy",
+            id(nz.STANDARD_GUMBEL): "gumbel", id(nz.STANDARD_UNIFORM): "uniform",
+            id(nz.STANDARD_EXPONENTIAL): "exponential", id(nz.STANDARD_HALF_NORMAL): "half_normal",
+            id(nz.STANDARD_HALF_CAUCHY): "half_cauchy", id(nz.STANDARD_RAYLEIGH): "rayleigh"}
+
+
 def triton_noise(form) -> tuple[str, int] | None:
     """``(law name, event_ndims)`` of the Triton noise law matching ``form.noise``; ``None`` if none does.
 
     Laws whose parameters live in a sampler closure (Gamma, inverse Gamma, Weibull,
     Student-t noise) have no Triton counterpart: their forms keep the torch stream.
     """
-    from . import noise as nz
-
     law = getattr(form, "noise", None)
     if law is None:
         return None
-    table = {id(nz.STANDARD_NORMAL): "normal", id(nz.STANDARD_LAPLACE): "laplace",
-             id(nz.STANDARD_LOGISTIC): "logistic", id(nz.STANDARD_CAUCHY): "cauchy",
-             id(nz.STANDARD_GUMBEL): "gumbel", id(nz.STANDARD_UNIFORM): "uniform",
-             id(nz.STANDARD_EXPONENTIAL): "exponential", id(nz.STANDARD_HALF_NORMAL): "half_normal",
-             id(nz.STANDARD_HALF_CAUCHY): "half_cauchy", id(nz.STANDARD_RAYLEIGH): "rayleigh"}
-    name = table.get(id(law))
+    name = _standard_laws().get(id(law))
     if name is not None:
         return name, 0
     if law.name.startswith("Radial"):
@@ -331,7 +337,8 @@ def log_prob_expectation(q, p, num_samples: int, seed: int, *, sum_rightmost: in
     Applies when ``q``'s family has a Triton noise law, its transforms are none or one
     ``exp``, ``p`` (or its ``Independent`` base) has a registered Triton log-density
     and ``p``'s shape broadcasts into ``q``'s. Engine hook: ``mcgraph.engine.api.kl_divergence``
-    for the cross term, when ``method`` is ``"auto"`` or ``"fused"``.
+    for the cross term, when ``method`` is ``"auto"``, ``"monte-carlo"`` or ``"fused"`` (on the CPU backend the
+    hook asks :mod:`mcgraph.engine.estimators.cpu_fused` instead).
     """
     from .families import family_of, is_exp
 

@@ -165,6 +165,8 @@ class KLPlan:
             noise) or ``""`` (a closed-form KL).
         cross: the plan of E_q[log p(w)] (``None`` for a closed-form KL).
         neg_entropy: the plan of E_q[log q(w)] when the entropy is estimated, else ``None``.
+        cross_kernel: how a fused kernel for p's registered log-density computes E_q[log p(w)] in place of
+            ``cross`` (empty when none does).
     """
 
     method: str
@@ -172,6 +174,7 @@ class KLPlan:
     entropy: str = ""
     cross: Plan | None = None
     neg_entropy: Plan | None = None
+    cross_kernel: str = ""
 
     @property
     def exact(self) -> bool:
@@ -192,6 +195,8 @@ class KLPlan:
                  "  no closed form used: " + ("torch has no rule for the pair" if self.method == "auto"
                                               else f"method={self.method!r} samples"),
                  "  cross term E_q[log p(w)]:"]
+        if self.cross_kernel:
+            lines.append(f"    {self.cross_kernel}; otherwise:")
         lines += ["  " + line for line in str(self.cross).splitlines()]
         if self.neg_entropy is not None:
             lines.append("  negative entropy E_q[log q(w)]:")
