@@ -188,6 +188,7 @@ def test_not_applied_outside_its_scope():
     wider = D.Laplace(0.0, torch.tensor(1.0, dtype=torch.float64))
     narrow = mg.family_of(D.Normal(loc.float(), sp(raw).float()))
     assert cpu_fused.log_prob_expectation(narrow, wider, M, 0) is None  # float64 prior over float32 samples
+    assert cpu_fused.log_prob_expectation(normal, D.Laplace(0.0, 1.0), M, 0) is None  # and float32 over float64
     gamma_q = mg.family_of(D.Gamma(sp(raw) + 1.0, 1.0))  # its noise law depends on the concentration
     assert cpu_fused.log_prob_expectation(gamma_q, D.Gamma(2.0, 1.0), M, 0) is None
 

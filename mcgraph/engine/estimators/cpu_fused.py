@@ -20,7 +20,7 @@ keeps O(P) tensors whatever M is.
 It applies to a CPU location-scale, scaling or ``exp``-transformed form of float32 or float64 whose
 noise is a standard law without parameters (the laws of :func:`mcgraph.engine.backend.triton_noise`) and
 has the sample's shape, a prior (optionally ``Independent``) with a registered density whose
-shape broadcasts into the sample's, and parameters no wider than the form's dtype, for calls without a ``chunk_size`` (one asked for gets the engine's chunks) of at most
+shape broadcasts into the sample's and whose parameters have the form's dtype, for calls without a ``chunk_size`` (one asked for gets the engine's chunks) of at most
 :data:`MAX_ELEMENTS` draws (above it torch's vectorised operations are as fast per element: the loop here
 calls the scalar ``exp`` and ``log1p`` of the C library, the generic tier's operations run vectorised). Under ``method="auto"`` it is used only for densities with no
 term the exact tier would take (:data:`SAMPLED_UNDER_AUTO`), so ``"auto"``'s estimate is the one it would
@@ -197,9 +197,8 @@ def log_prob_expectation(form, p: Distribution, num_samples: int, seed: int, *, 
     base, reinterpreted = _unwrap(p)
     params = tuple(torch.as_tensor(c) for c in entry.params(base))
     dtype = form.dtype
-    if any(not c.is_floating_point() or c.device.type != "cpu" or torch.promote_types(c.dtype, dtype) != dtype
-           for c in params):
-        return None
+    if any(c.dtype != dtype or c.device.type != "cpu" for c in params):
+        return None  # (torch computes with float32 parameters in float32 even beside float64 samples)
     lib = library()
     if lib is None:
         return None
