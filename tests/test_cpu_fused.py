@@ -251,3 +251,15 @@ def test_engine_path_without_compiler(tmp_path):
     proc = subprocess.run([sys.executable, "-c", _FALLBACK], env=env, capture_output=True, text=True,
                           timeout=300, cwd=root)
     assert proc.returncode == 0 and proc.stdout.strip() == "OK", proc.stderr[-3000:]
+
+
+def test_disabled_runs_the_engine_with_the_same_noise():
+    loc, raw = _leaves((6,), torch.float64)
+    q = D.Normal(loc, torch.nn.functional.softplus(raw))
+    p = D.StudentT(torch.tensor(3.0, dtype=torch.float64), 0.0, 1.0)
+    looped = mg.kl_divergence(q, p, M, seed=2)
+    with cpu_fused.disabled():
+        assert cpu_fused.log_prob_expectation(mg.family_of(q), p, M, 2) is None
+        engine = mg.kl_divergence(q, p, M, seed=2)
+    assert cpu_fused.log_prob_expectation(mg.family_of(q), p, M, 2) is not None
+    torch.testing.assert_close(looped, engine, **TOL[torch.float64])

@@ -27,7 +27,7 @@ NEEDS = {"mcgraph.interop": "blitz", "mcgraph.interop.sites": "bayesian_torch",
 MODULES += ["mcgraph.interop.foreign_priors", "mcgraph.engine.stderr", "mcgraph.engine.moments", "mcgraph.engine.estimators.derivatives",
             "mcgraph.engine.estimators.fused_body"]
 MODULES += ["mcgraph.engine.cpu_philox"]  # its example builds the library (about a second, once per machine)
-MODULES += ["mcgraph.engine.plan_cache"]
+MODULES += ["mcgraph.engine.plan_cache", "mcgraph.engine.estimators.cpu_fused", "mcgraph.engine.log_densities"]
 MODULES += ["mcgraph.engine.noise", "mcgraph.optim.ivon"]
 MODULES += ["mcgraph.nn.module_select"]
 MODULES += ["mcgraph.engine.checks", "mcgraph.engine.registry", "mcgraph.engine.methods", "mcgraph.engine.options",

@@ -229,16 +229,17 @@ def _train(args, device: torch.device, ranks: launch.Ranks) -> dict:
             ev = method.evaluate(x_eval, y_eval, args.periodic_eval_samples)
             method.after_evaluation()
             row.update({f"{split}_{k}": v for k, v in ev.items() if k not in ("examples", "num_samples")})
-            say(f"epoch {epoch + 1}: loss {row['loss']:.4f}  kl {row['kl']:.4g}  {split} acc "
-                f"{ev['accuracy']:.4f}  nll {ev['nll']:.4f}  ece {ev['ece']:.4f}  ({t_epoch:.1f} s)")
+            line = (f"epoch {epoch + 1}: loss {row['loss']:.4f}  kl {row['kl']:.4g}  {split} acc "
+                    f"{ev['accuracy']:.4f}  nll {ev['nll']:.4f}  ece {ev['ece']:.4f}  ({t_epoch:.1f} s)")
         else:
-            say(f"epoch {epoch + 1}: loss {row['loss']:.4f}  kl {row['kl']:.4g}  ({t_epoch:.1f} s)")
+            line = f"epoch {epoch + 1}: loss {row['loss']:.4f}  kl {row['kl']:.4g}  ({t_epoch:.1f} s)"
         history.append(row)
         if ranks.is_main:
             append_metrics(log_path, history)
         if args.checkpoint_every and ((epoch + 1) % args.checkpoint_every == 0 or last) and ranks.is_main:
             save_checkpoint(out / "checkpoint.pt", model, optimizer, epoch + 1, step, args, generator=gen,
                             **method.checkpoint_extra())
+        say(line)  # after the checkpoint: an epoch in the log is an epoch on disk
         ranks.barrier()
 
     t0 = time.perf_counter()

@@ -40,6 +40,8 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import math
 import pathlib
@@ -52,7 +54,6 @@ from .. import native
 from ..backend import backend_for, triton_noise
 from ..families import SamplingForm, is_exp
 from ..log_densities import LogDensity, log_density
-from ..noise import rows_per_block
 from .sampling import stream_for
 
 _SOURCE = pathlib.Path(__file__).parents[1] / "csrc" / "cpu_fused.cpp"
@@ -118,6 +119,26 @@ def _broadcasts_to(shape, target) -> bool:
     if len(shape) > len(target):
         return False
     return all(a == 1 or a == b for a, b in zip(reversed(shape), reversed(target)))
+
+
+_DISABLED: contextvars.ContextVar[bool] = contextvars.ContextVar("mcgraph_cpu_fused_disabled", default=False)
+
+
+@contextlib.contextmanager
+def disabled():
+    """Inside the block the engine's fused tier computes every cross term (for comparisons with it).
+
+    Example:
+        >>> import torch, mcgraph as mg
+        >>> q = torch.distributions.Normal(torch.zeros(3), torch.ones(3))
+        >>> with disabled():
+        ...     kl = mg.kl_divergence(q, torch.distributions.StudentT(3.0), 100, seed=0)
+    """
+    token = _DISABLED.set(True)
+    try:
+        yield
+    finally:
+        _DISABLED.reset(token)
 
 
 def plan(form, p: Distribution, method: str) -> tuple[LogDensity, str] | None:
@@ -191,7 +212,7 @@ def log_prob_expectation(form, p: Distribution, num_samples: int, seed: int, *, 
     there; a finite result costs no extra pass).
     """
     found = plan(form, p, method)
-    if found is None or num_samples * math.prod(form.shape) > MAX_ELEMENTS:
+    if found is None or num_samples * math.prod(form.shape) > MAX_ELEMENTS or _DISABLED.get():
         return None
     entry, kind = found
     base, reinterpreted = _unwrap(p)
@@ -212,11 +233,11 @@ def log_prob_expectation(form, p: Distribution, num_samples: int, seed: int, *, 
         operands = [None if t is None else _operand(t.detach(), shape, dtype) for t in (form.loc, form.scale, *params)]
         (loc, loc_step), (scale, scale_step) = operands[0] or (None, 0), operands[1]
         wanted = [k for k, w in enumerate(want) if w]
-        means = torch.empty((1 + len(wanted),) + shape, dtype=dtype)  # the value, then the wanted derivatives
-        row_bytes = numel * means.element_size()
-        ptrs = _Pointers()
-        for row, k in enumerate([-1, *wanted]):
-            ptrs[1 + k] = means.data_ptr() + row * row_bytes
+        value = torch.empty(shape, dtype=dtype)
+        derivs = torch.empty((len(wanted),) + shape, dtype=dtype)  # saved for backward: one buffer, no value
+        ptrs = _Pointers(value.data_ptr())
+        for row, k in enumerate(wanted):
+            ptrs[1 + k] = derivs.data_ptr() + row * numel * derivs.element_size()
         # M · P ≤ MAX_ELEMENTS ≤ one noise block: a view of the stream's block holds every row
         xi = stream_for(form, seed, num_samples).rows(0, num_samples)
         if not xi.is_contiguous():
@@ -230,8 +251,8 @@ def log_prob_expectation(form, p: Distribution, num_samples: int, seed: int, *, 
             raise RuntimeError(f"the compiled fused log-density failed with code {code}")
         if code < 0 and on_nonfinite is not None:
             on_nonfinite()
-        rows = iter(means.unbind(0))
-        return [next(rows)] + [next(rows) if w else None for w in want]
+        rows = iter(derivs.unbind(0))
+        return [value] + [next(rows) if w else None for w in want]
 
     value = _LogProbMC.apply(run, form.loc, form.scale, *params)
     if not normalized:
