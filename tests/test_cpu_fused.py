@@ -263,3 +263,57 @@ def test_disabled_runs_the_engine_with_the_same_noise():
         engine = mg.kl_divergence(q, p, M, seed=2)
     assert cpu_fused.log_prob_expectation(mg.family_of(q), p, M, 2) is not None
     torch.testing.assert_close(looped, engine, **TOL[torch.float64])
+
+
+def test_empty_posterior():
+    for shape in [(0,), (0, 3), (4, 0)]:
+        q = D.Normal(torch.zeros(shape), torch.ones(shape))
+        kl = mg.kl_divergence(q, D.StudentT(torch.tensor(3.0)), 100, seed=0)
+        assert kl.shape == shape
+
+
+@pytest.mark.parametrize("make_p, name", [
+    (lambda: D.Laplace(0.0, torch.tensor(math.inf, requires_grad=True), validate_args=False), "p.scale"),
+    (lambda: ScaleMixtureNormal(0.5, 1.0, math.inf, validate_args=False), "p.scale2"),
+])
+def test_non_finite_prior_parameter_named_even_when_the_value_is_finite(make_p, name):
+    q = D.Normal(torch.zeros(2), torch.ones(2))
+    with pytest.raises(ValueError, match=rf"^p: parameter {name}"):
+        mg.kl_divergence(q, make_p(), 100, seed=0, method="monte-carlo")
+
+
+def test_independent_subclass_with_its_own_log_prob_is_not_unwrapped():
+    class Tempered(D.Independent):
+        def log_prob(self, value):
+            return 0.1 * super().log_prob(value)
+
+    q = D.Independent(D.Normal(torch.zeros(4), torch.ones(4)), 1)
+    p = Tempered(D.Normal(torch.zeros(4), torch.ones(4)), 1)
+    assert cpu_fused.plan(mg.family_of(q), p, "monte-carlo") is None
+    torch.testing.assert_close(mg.kl_divergence(q, p, 200, seed=0, method="monte-carlo"),
+                               mg.kl_divergence(q, p, 200, seed=0, method="direct"))
+
+
+def test_gamma_prior_of_concentration_one_at_w_zero():
+    """torch's Gamma takes (k − 1) log w as xlogy: 0 at k = 1 even where w underflows to 0."""
+    q = D.LogNormal(torch.full((2,), -100.0), torch.full((2,), 2.0))  # float32: some samples underflow
+    p = D.Gamma(torch.tensor(1.0), torch.tensor(2.0))
+    ours = cpu_fused.log_prob_expectation(mg.family_of(q), p, 400, 0)
+    direct = mg.expectation(p.log_prob, q, 400, seed=0, method="direct")
+    assert torch.isfinite(ours).all()
+    torch.testing.assert_close(ours, direct)
+
+
+def test_declined_forms():
+    loc = torch.zeros(3, dtype=torch.float64)
+    mixed = mg.family_of(D.Normal(loc, torch.ones(3)))  # float64 loc, float32 scale
+    assert cpu_fused.plan(mixed, D.Laplace(0.0, 1.0), "monte-carlo") is None
+
+    class ShiftedExp(D.transforms.ExpTransform):
+        def _call(self, x):
+            return x.exp() + 1
+
+    q = D.TransformedDistribution(D.Normal(torch.zeros(3), torch.ones(3)), [ShiftedExp()])
+    assert cpu_fused.plan(mg.family_of(q), D.Gamma(2.0, 1.0), "monte-carlo") is None
+    q64 = D.Normal(torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64))
+    assert "compiled CPU loop" not in str(mg.explain(q64, ScaleMixtureNormal(0.5, 1.0, 1e-3)))  # float32 prior

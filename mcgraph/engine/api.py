@@ -528,26 +528,28 @@ def _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, re
                                                                f"{tuple(p.event_shape)}"))
     elif method == "closed-form":
         raise ValueError("taylor_order: an approximation of a closed form; drop taylor_order or method='closed-form'")
+    _check_finite(p, "p")
     seed = resolve_seed(seed)
     # "auto" without a closed form: the polynomial terms of E_q[log p] exact, the rest sampled
     engine_method = "auto-analytic" if method == "auto" else method
-    # a registered log-density, if any: the Triton kernel, or the compiled CPU loop
+    # a registered log-density, if any: the compiled CPU loop, or the Triton kernel
     kernel = method in ("auto", "monte-carlo", "fused") and taylor_order is None and not return_stderr \
         and shard is None
     cross = cross_se = neg_entropy_se = None
+    q_checked = False
     if kernel and chunk_size is None:  # (a chunk size asked for: the engine's chunks)
-        # a non-finite estimate is traced back to a non-finite parameter (named), as below
-        cross = cpu_fused.log_prob_expectation(family_of(q), p, num_samples, seed, method=method, sum_rightmost=extra,
-                                               on_nonfinite=lambda: (_check_finite(p, "p"), _check_finite(q, "q")))
-    if cross is None:
-        _check_finite(p, "p")
+        form = family_of(q)
+        if cpu_fused.applies(form, p, method, num_samples):
+            _check_finite(q, "q")
+            q_checked = True
+            cross = cpu_fused.log_prob_expectation(form, p, num_samples, seed, method=method, sum_rightmost=extra)
 
     log_p = _log_density(p, extra)
     with _no_validation(p):
         if kernel and cross is None:
             cross = backend.log_prob_expectation(q, p, num_samples, seed, sum_rightmost=extra)
-        q_checked = cross is None
         if cross is None:
+            q_checked = True  # (by the engine, below)
             cross = _expectation(log_p, q, num_samples, seed, engine_method, chunk_size, taylor_order,
                                  return_stderr, shard, argname="q")
             if return_stderr:

@@ -45,19 +45,19 @@ import contextvars
 import ctypes
 import math
 import pathlib
-from typing import Callable
 
 import torch
 from torch.distributions import Distribution, Independent
+from torch.distributions.transforms import ExpTransform
 
 from .. import native
 from ..backend import backend_for, triton_noise
-from ..families import SamplingForm, is_exp
+from ..families import SamplingForm
 from ..log_densities import LogDensity, log_density
 from .sampling import stream_for
 
 _SOURCE = pathlib.Path(__file__).parents[1] / "csrc" / "cpu_fused.cpp"
-_ABI = 3
+_ABI = 4
 _FORMS = {"location_scale": 0, "scaling": 1, "exp": 2}
 
 
@@ -100,8 +100,9 @@ _Params, _Steps, _Pointers = ctypes.c_void_p * 4, ctypes.c_int64 * 4, ctypes.c_v
 
 
 def _unwrap(p: Distribution) -> tuple[Distribution, int]:
+    """``(base, n)``: ``p`` without its ``Independent`` wrappers (those that keep ``Independent.log_prob``)."""
     n = 0
-    while isinstance(p, Independent):
+    while isinstance(p, Independent) and type(p).log_prob is Independent.log_prob:
         n += p.reinterpreted_batch_ndims
         p = p.base_dist
     return p, n
@@ -110,7 +111,7 @@ def _unwrap(p: Distribution) -> tuple[Distribution, int]:
 def _form_kind(form) -> str | None:
     if not form.transforms:
         return "scaling" if form.loc is None else "location_scale"
-    if len(form.transforms) == 1 and is_exp(form.transforms[0]) and form.loc is not None:
+    if len(form.transforms) == 1 and type(form.transforms[0]) is ExpTransform and form.loc is not None:
         return "exp"
     return None
 
@@ -141,10 +142,11 @@ def disabled():
         _DISABLED.reset(token)
 
 
-def plan(form, p: Distribution, method: str) -> tuple[LogDensity, str] | None:
-    """``(density, form kind)`` when the kernel computes ``E_q[log p]`` for ``form`` under ``method``, else
-    ``None`` (builds nothing; the size limit :data:`MAX_ELEMENTS` is the caller's)."""
+def plan(form, p: Distribution, method: str) -> tuple[LogDensity, str, tuple] | None:
+    """``(density, form kind, the prior's parameters)`` when the loop computes ``E_q[log p]`` for ``form`` under
+    ``method``, else ``None`` (builds nothing; the size limit is :func:`applies`'s)."""
     if not isinstance(form, SamplingForm) or form.device.type != "cpu" or form.dtype not in _DTYPES \
+            or (form.loc is not None and form.loc.dtype != form.dtype) \
             or backend_for(form.scale) != "torch":  # (on the Triton backend, its kernel)
         return None
     if tuple(form.noise_shape) != tuple(form.shape) or triton_noise(form) is None:
@@ -158,7 +160,17 @@ def plan(form, p: Distribution, method: str) -> tuple[LogDensity, str] | None:
         return None
     if not _broadcasts_to(tuple(base.batch_shape + base.event_shape), tuple(form.shape)):
         return None
-    return entry, kind
+    params = tuple(torch.as_tensor(c) for c in entry.params(base))
+    if any(c.dtype != form.dtype or c.device.type != "cpu" for c in params):
+        return None  # (torch computes with float32 parameters in float32 even beside float64 samples)
+    return entry, kind, params
+
+
+def applies(form, p: Distribution, method: str, num_samples: int) -> bool:
+    """Whether :func:`log_prob_expectation` computes ``E_q[log p]`` for these arguments (builds the library on
+    first need: ``False`` without a compiler)."""
+    return (not _DISABLED.get() and num_samples * math.prod(form.shape) <= MAX_ELEMENTS
+            and plan(form, p, method) is not None and library() is not None)
 
 
 def _operand(t: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> tuple[torch.Tensor, int]:
@@ -202,27 +214,18 @@ class _LogProbMC(torch.autograd.Function):
 
 
 def log_prob_expectation(form, p: Distribution, num_samples: int, seed: int, *, method: str = "monte-carlo",
-                         sum_rightmost: int = 0, on_nonfinite: Callable[[], None] | None = None) -> torch.Tensor | None:
+                         sum_rightmost: int = 0) -> torch.Tensor | None:
     """``E_q[Σ_rightmost log p(w)]`` (``q``'s :class:`~mcgraph.engine.families.SamplingForm` ``form``) by the
     compiled loop, differentiable in ``form.loc``, ``form.scale`` and ``p``'s parameters; ``None`` when it does
-    not apply (see the module docstring) or the library cannot be built.
-
-    When a value is not finite (a non-finite parameter of q, or samples outside p's support) the loop says
-    so and ``on_nonfinite()`` is called before the value is returned (the caller checks its arguments
-    there; a finite result costs no extra pass).
+    not apply (:func:`applies`; see the module docstring). The caller checks that q's and p's parameters are
+    finite (a non-finite value is returned as it is).
     """
-    found = plan(form, p, method)
-    if found is None or num_samples * math.prod(form.shape) > MAX_ELEMENTS or _DISABLED.get():
+    if not applies(form, p, method, num_samples):
         return None
-    entry, kind = found
-    base, reinterpreted = _unwrap(p)
-    params = tuple(torch.as_tensor(c) for c in entry.params(base))
-    dtype = form.dtype
-    if any(c.dtype != dtype or c.device.type != "cpu" for c in params):
-        return None  # (torch computes with float32 parameters in float32 even beside float64 samples)
+    entry, kind, params = plan(form, p, method)
     lib = library()
-    if lib is None:
-        return None
+    _, reinterpreted = _unwrap(p)
+    dtype = form.dtype
     shape = torch.Size(form.shape)
     numel = math.prod(shape)
 
@@ -247,10 +250,8 @@ def log_prob_expectation(form, p: Distribution, num_samples: int, seed: int, *, 
             None if loc is None else loc.data_ptr(), loc_step, scale.data_ptr(), scale_step,
             _Params(*[c.data_ptr() for c, _ in operands[2:]]), _Steps(*[step for _, step in operands[2:]]),
             len(params), sum(1 << k for k in wanted), normalized, ptrs, torch.get_num_threads())
-        if code > 0:  # pragma: no cover - the arguments are checked above
+        if code != 0:  # pragma: no cover - the arguments are checked above
             raise RuntimeError(f"the compiled fused log-density failed with code {code}")
-        if code < 0 and on_nonfinite is not None:
-            on_nonfinite()
         rows = iter(derivs.unbind(0))
         return [value] + [next(rows) if w else None for w in want]
 
