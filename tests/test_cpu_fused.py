@@ -317,3 +317,9 @@ def test_declined_forms():
     assert cpu_fused.plan(mg.family_of(q), D.Gamma(2.0, 1.0), "monte-carlo") is None
     q64 = D.Normal(torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64))
     assert "compiled CPU loop" not in str(mg.explain(q64, ScaleMixtureNormal(0.5, 1.0, 1e-3)))  # float32 prior
+
+
+def test_non_finite_parameter_behind_a_derived_scale_is_named():
+    q = D.Exponential(torch.tensor([1.0, math.inf]), validate_args=False)  # scale 1 / rate = 0: finite
+    with pytest.raises(ValueError, match=r"^q: parameter q\.rate"):
+        mg.kl_divergence(q, D.Gamma(torch.tensor(2.0), torch.tensor(1.0)), 100, seed=0, method="monte-carlo")

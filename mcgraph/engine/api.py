@@ -528,7 +528,6 @@ def _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, re
                                                                f"{tuple(p.event_shape)}"))
     elif method == "closed-form":
         raise ValueError("taylor_order: an approximation of a closed form; drop taylor_order or method='closed-form'")
-    _check_finite(p, "p")
     seed = resolve_seed(seed)
     # "auto" without a closed form: the polynomial terms of E_q[log p] exact, the rest sampled
     engine_method = "auto-analytic" if method == "auto" else method
@@ -537,12 +536,17 @@ def _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, re
         and shard is None
     cross = cross_se = neg_entropy_se = None
     q_checked = False
-    if kernel and chunk_size is None:  # (a chunk size asked for: the engine's chunks)
-        form = family_of(q)
-        if cpu_fused.applies(form, p, method, num_samples):
-            _check_finite(q, "q")
-            q_checked = True
-            cross = cpu_fused.log_prob_expectation(form, p, num_samples, seed, method=method, sum_rightmost=extra)
+    form = family_of(q) if kernel and chunk_size is None else None  # (a chunk size asked for: the engine's)
+    found = cpu_fused.applies(form, p, method, num_samples) if form is not None else None
+    if found is not None:  # the loop reports a non-finite parameter it reads; the checks then name it
+        if any(t is not form.loc and t is not form.scale for t in distribution_parameters(q).values()):
+            _check_finite(q, "q")  # q's loc and scale derived from its parameters (1 / rate, …): checked here
+        cross = cpu_fused.log_prob_expectation(form, p, num_samples, seed, method=method, sum_rightmost=extra,
+                                               found=found,
+                                               check_inputs=lambda: (_check_finite(p, "p"), _check_finite(q, "q")))
+        q_checked = True
+    else:
+        _check_finite(p, "p")
 
     log_p = _log_density(p, extra)
     with _no_validation(p):

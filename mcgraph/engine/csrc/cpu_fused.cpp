@@ -142,19 +142,25 @@ inline T evaluate(T w, const T* c, const T* k, bool params, T* dh) {
 }
 
 template <typename T, int INTEGRAND>
-void run(int form, int64_t rows, int64_t P, const T* xi, const T* loc, int64_t loc_step, const T* scale, int64_t scale_step,
+int run(int form, int64_t rows, int64_t P, const T* xi, const T* loc, int64_t loc_step, const T* scale, int64_t scale_step,
         const T* const* params, const int64_t* param_steps, int n_params, int want, bool normalized, double m,
         T* const* out, int threads) {
   const int64_t tiles = (P + TILE - 1) / TILE;
   const bool parallel = threads > 1 && tiles > 1 && rows * P >= (int64_t(1) << 15);
   const bool param_grads = (want >> 2) != 0;
-#pragma omp parallel for schedule(static) num_threads(threads) if (parallel)
+  int invalid = 0;
+#pragma omp parallel for schedule(static) num_threads(threads) if (parallel) reduction(| : invalid)
   for (int64_t tile = 0; tile < tiles; ++tile) {
     const int64_t j0 = tile * TILE, n = (P - j0) < TILE ? (P - j0) : TILE;
     double acc[N_OUT][TILE];
     T c[TILE][MAX_PARAMS], k[TILE][3];
     for (int64_t t = 0; t < n; ++t) {
-      for (int q = 0; q < MAX_PARAMS; ++q) c[t][q] = q < n_params ? params[q][(j0 + t) * param_steps[q]] : T(0);
+      const int64_t j = j0 + t;
+      for (int q = 0; q < MAX_PARAMS; ++q) {
+        c[t][q] = q < n_params ? params[q][j * param_steps[q]] : T(0);
+        if (!std::isfinite(c[t][q])) invalid = 1;
+      }
+      if (!std::isfinite(scale[j * scale_step]) || (form != SCALING && !std::isfinite(loc[j * loc_step]))) invalid = 1;
       prepare<T, INTEGRAND>(c[t], k[t]);
       for (int q = 0; q < N_OUT; ++q) acc[q][t] = 0.0;
     }
@@ -183,47 +189,49 @@ void run(int form, int64_t rows, int64_t P, const T* xi, const T* loc, int64_t l
           out[q][j0 + t] = mean;
         }
   }
+  return invalid;
 }
 
 template <typename T, int INTEGRAND>
-void run_form(int form, int64_t rows, int64_t P, const void* xi, const void* loc, int64_t loc_step, const void* scale,
+int run_form(int form, int64_t rows, int64_t P, const void* xi, const void* loc, int64_t loc_step, const void* scale,
              int64_t scale_step, const void* const* params, const int64_t* param_steps, int n_params, int want,
              bool normalized, double m, void* const* out, int threads) {
   // (the form is a branch in the loop, not a template argument: three times fewer instantiations to compile
   // at first use, for no measurable time per draw)
-  run<T, INTEGRAND>(form, rows, P, static_cast<const T*>(xi), static_cast<const T*>(loc), loc_step,
+  return run<T, INTEGRAND>(form, rows, P, static_cast<const T*>(xi), static_cast<const T*>(loc), loc_step,
                     static_cast<const T*>(scale), scale_step, reinterpret_cast<const T* const*>(params),
                     param_steps, n_params, want, normalized, m, reinterpret_cast<T* const*>(out), threads);
 }
 
 template <typename T>
-void run_integrand(int integrand, int form, int64_t rows, int64_t P, const void* xi, const void* loc,
+int run_integrand(int integrand, int form, int64_t rows, int64_t P, const void* xi, const void* loc,
                   int64_t loc_step, const void* scale, int64_t scale_step, const void* const* params,
                   const int64_t* param_steps, int n_params, int want, bool normalized, double m, void* const* out,
                   int threads) {
 #define MCGRAPH_CASE(I)                                                                                       \
   case I:                                                                                                     \
-    run_form<T, I>(form, rows, P, xi, loc, loc_step, scale, scale_step, params, param_steps, n_params, want,  \
-                   normalized, m, out, threads);                                                              \
-    break;
+    return run_form<T, I>(form, rows, P, xi, loc, loc_step, scale, scale_step, params, param_steps, n_params, \
+                          want, normalized, m, out, threads);
   switch (integrand) {
     MCGRAPH_CASE(NORMAL) MCGRAPH_CASE(LAPLACE) MCGRAPH_CASE(LOGISTIC) MCGRAPH_CASE(CAUCHY)
     MCGRAPH_CASE(STUDENT_T) MCGRAPH_CASE(SCALE_MIXTURE) MCGRAPH_CASE(LOG_UNIFORM) MCGRAPH_CASE(GAMMA)
     MCGRAPH_CASE(LOG_NORMAL) MCGRAPH_CASE(INVERSE_GAMMA)
   }
 #undef MCGRAPH_CASE
+  return 0;
 }
 
 }  // namespace
 
 extern "C" {
 
-int mcgraph_cpu_fused_abi() { return 4; }
+int mcgraph_cpu_fused_abi() { return 5; }
 
 // The means over all M rows, written to out[0..6] (arrays of the rows' dtype, P elements each; out[k] may be
 // null when not wanted). want: bit 0 loc, bit 1 scale, bit 2 + k the prior's k-th parameter; normalized: the
-// value includes A(c) (the caller adds none). Returns 0, or a positive code for arguments out of range.
-// An empty draw (P = 0) writes nothing.
+// value includes A(c) (the caller adds none). Returns 0; -1 when a parameter it read (loc, scale, the prior's)
+// is not finite (the means are written all the same: the caller names the argument); or a positive code for
+// arguments out of range. An empty draw (P = 0) writes nothing.
 int mcgraph_cpu_fused_log_prob(int is_double, int integrand, int form, int64_t rows, int64_t P, const void* xi,
                                const void* loc, int64_t loc_step, const void* scale, int64_t scale_step,
                                const void* const* params, const int64_t* param_steps, int n_params, int want,
@@ -233,13 +241,12 @@ int mcgraph_cpu_fused_log_prob(int is_double, int integrand, int form, int64_t r
   if (P == 0) return 0;
   if (form != SCALING && loc == nullptr) return 3;
   const double m = double(rows);
-  if (is_double)
-    run_integrand<double>(integrand, form, rows, P, xi, loc, loc_step, scale, scale_step, params, param_steps,
-                          n_params, want, normalized != 0, m, out, threads);
-  else
-    run_integrand<float>(integrand, form, rows, P, xi, loc, loc_step, scale, scale_step, params, param_steps,
-                         n_params, want, normalized != 0, m, out, threads);
-  return 0;
+  const int invalid = is_double
+      ? run_integrand<double>(integrand, form, rows, P, xi, loc, loc_step, scale, scale_step, params, param_steps,
+                              n_params, want, normalized != 0, m, out, threads)
+      : run_integrand<float>(integrand, form, rows, P, xi, loc, loc_step, scale, scale_step, params, param_steps,
+                             n_params, want, normalized != 0, m, out, threads);
+  return invalid ? -1 : 0;
 }
 
 }  // extern "C"

@@ -45,6 +45,7 @@ import contextvars
 import ctypes
 import math
 import pathlib
+from typing import Callable
 
 import torch
 from torch.distributions import Distribution, Independent
@@ -57,7 +58,7 @@ from ..log_densities import LogDensity, log_density
 from .sampling import stream_for
 
 _SOURCE = pathlib.Path(__file__).parents[1] / "csrc" / "cpu_fused.cpp"
-_ABI = 4
+_ABI = 5
 _FORMS = {"location_scale": 0, "scaling": 1, "exp": 2}
 
 
@@ -166,11 +167,13 @@ def plan(form, p: Distribution, method: str) -> tuple[LogDensity, str, tuple] | 
     return entry, kind, params
 
 
-def applies(form, p: Distribution, method: str, num_samples: int) -> bool:
-    """Whether :func:`log_prob_expectation` computes ``E_q[log p]`` for these arguments (builds the library on
-    first need: ``False`` without a compiler)."""
-    return (not _DISABLED.get() and num_samples * math.prod(form.shape) <= MAX_ELEMENTS
-            and plan(form, p, method) is not None and library() is not None)
+def applies(form, p: Distribution, method: str, num_samples: int) -> tuple[LogDensity, str, tuple] | None:
+    """:func:`plan` when :func:`log_prob_expectation` computes ``E_q[log p]`` for these arguments, else ``None``
+    (builds the library on first need: ``None`` without a compiler)."""
+    if _DISABLED.get() or num_samples * math.prod(form.shape) > MAX_ELEMENTS:
+        return None
+    found = plan(form, p, method)
+    return found if found is not None and library() is not None else None
 
 
 def _operand(t: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> tuple[torch.Tensor, int]:
@@ -214,15 +217,20 @@ class _LogProbMC(torch.autograd.Function):
 
 
 def log_prob_expectation(form, p: Distribution, num_samples: int, seed: int, *, method: str = "monte-carlo",
-                         sum_rightmost: int = 0) -> torch.Tensor | None:
+                         sum_rightmost: int = 0, found=None,
+                         check_inputs: Callable[[], None] | None = None) -> torch.Tensor | None:
     """``E_q[Σ_rightmost log p(w)]`` (``q``'s :class:`~mcgraph.engine.families.SamplingForm` ``form``) by the
     compiled loop, differentiable in ``form.loc``, ``form.scale`` and ``p``'s parameters; ``None`` when it does
-    not apply (:func:`applies`; see the module docstring). The caller checks that q's and p's parameters are
-    finite (a non-finite value is returned as it is).
+    not apply (:func:`applies`, whose result the caller may pass as ``found``; see the module docstring).
+
+    The loop checks the numbers it reads (loc, scale, the prior's parameters): when one is not finite it
+    calls ``check_inputs()`` before returning, where the caller names the argument at fault (an O(P)
+    check inside the loop instead of a pass over every parameter on every call).
     """
-    if not applies(form, p, method, num_samples):
+    found = found if found is not None else applies(form, p, method, num_samples)
+    if found is None:
         return None
-    entry, kind, params = plan(form, p, method)
+    entry, kind, params = found
     lib = library()
     _, reinterpreted = _unwrap(p)
     dtype = form.dtype
@@ -250,8 +258,10 @@ def log_prob_expectation(form, p: Distribution, num_samples: int, seed: int, *, 
             None if loc is None else loc.data_ptr(), loc_step, scale.data_ptr(), scale_step,
             _Params(*[c.data_ptr() for c, _ in operands[2:]]), _Steps(*[step for _, step in operands[2:]]),
             len(params), sum(1 << k for k in wanted), normalized, ptrs, torch.get_num_threads())
-        if code != 0:  # pragma: no cover - the arguments are checked above
+        if code > 0:  # pragma: no cover - the arguments are checked above
             raise RuntimeError(f"the compiled fused log-density failed with code {code}")
+        if code < 0 and check_inputs is not None:
+            check_inputs()
         rows = iter(derivs.unbind(0))
         return [value] + [next(rows) if w else None for w in want]
 
