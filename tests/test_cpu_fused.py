@@ -77,7 +77,7 @@ def _grads(value, tensors):
 
 def _compare(q, p, tensors, dtype, seed=3, extra=0):
     form = mg.family_of(q)
-    ours = cpu_fused.log_prob_expectation(form, p, M, seed, method="monte-carlo", sum_rightmost=extra)
+    ours = cpu_fused.log_prob_expectation(form, p, M, seed, method="fused", sum_rightmost=extra)
     assert ours is not None, "the compiled loop should apply"
     log_p = (lambda w: p.log_prob(w).sum(tuple(range(-extra, 0)))) if extra else p.log_prob
     direct = mg.expectation(log_p, q, M, seed=seed, method="direct")
@@ -151,15 +151,20 @@ def test_kl_divergence_takes_the_loop_and_matches_direct(monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
-def test_auto_keeps_the_exact_tier_for_polynomial_densities():
-    """Under "auto" a density with a term the exact tier takes (a Normal prior: all of it) is not sampled."""
+def test_polynomial_densities_keep_the_exact_and_collapsed_tiers():
+    """A density with a polynomial term (a Normal prior: all of it) keeps the exact tier under "auto" and the
+    collapsed tier under "monte-carlo" (the same graph at every M); "fused" asks for the fused tier."""
     loc, raw = _leaves((4,), torch.float64)
     q = D.Laplace(loc, torch.nn.functional.softplus(raw))  # no closed form for Laplace ‖ Normal in torch
     form = mg.family_of(q)
     p = D.Normal(0.0, torch.tensor(2.0, dtype=torch.float64))
     assert cpu_fused.log_prob_expectation(form, p, M, 0, method="auto") is None
-    assert cpu_fused.log_prob_expectation(form, p, M, 0, method="monte-carlo") is not None
+    assert cpu_fused.log_prob_expectation(form, p, M, 0, method="monte-carlo") is None
+    assert cpu_fused.log_prob_expectation(form, p, M, 0, method="fused") is not None
     assert mg.explain(q, p).exact  # E_q[log p] exact, entropy in closed form
+    sizes = [mg.graph_size(lambda m=m: mg.kl_divergence(D.Normal(loc, torch.nn.functional.softplus(raw)), p, m,
+                                                        seed=0, method="monte-carlo")) for m in (1, 10_000)]
+    assert sizes[0] == sizes[1]
 
 
 def test_one_and_two_threads_give_the_same_bits():
@@ -298,7 +303,7 @@ def test_gamma_prior_of_concentration_one_at_w_zero():
     """torch's Gamma takes (k − 1) log w as xlogy: 0 at k = 1 even where w underflows to 0."""
     q = D.LogNormal(torch.full((2,), -100.0), torch.full((2,), 2.0))  # float32: some samples underflow
     p = D.Gamma(torch.tensor(1.0), torch.tensor(2.0))
-    ours = cpu_fused.log_prob_expectation(mg.family_of(q), p, 400, 0)
+    ours = cpu_fused.log_prob_expectation(mg.family_of(q), p, 400, 0, method="fused")
     direct = mg.expectation(p.log_prob, q, 400, seed=0, method="direct")
     assert torch.isfinite(ours).all()
     torch.testing.assert_close(ours, direct)
@@ -314,7 +319,7 @@ def test_declined_forms():
             return x.exp() + 1
 
     q = D.TransformedDistribution(D.Normal(torch.zeros(3), torch.ones(3)), [ShiftedExp()])
-    assert cpu_fused.plan(mg.family_of(q), D.Gamma(2.0, 1.0), "monte-carlo") is None
+    assert cpu_fused.plan(mg.family_of(q), D.Gamma(2.0, 1.0), "fused") is None
     q64 = D.Normal(torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64))
     assert "compiled CPU loop" not in str(mg.explain(q64, ScaleMixtureNormal(0.5, 1.0, 1e-3)))  # float32 prior
 
@@ -322,4 +327,4 @@ def test_declined_forms():
 def test_non_finite_parameter_behind_a_derived_scale_is_named():
     q = D.Exponential(torch.tensor([1.0, math.inf]), validate_args=False)  # scale 1 / rate = 0: finite
     with pytest.raises(ValueError, match=r"^q: parameter q\.rate"):
-        mg.kl_divergence(q, D.Gamma(torch.tensor(2.0), torch.tensor(1.0)), 100, seed=0, method="monte-carlo")
+        mg.kl_divergence(q, D.Gamma(torch.tensor(2.0), torch.tensor(1.0)), 100, seed=0, method="fused")

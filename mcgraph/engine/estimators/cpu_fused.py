@@ -20,13 +20,16 @@ keeps O(P) tensors whatever M is.
 It applies to a CPU location-scale, scaling or ``exp``-transformed form of float32 or float64 whose
 noise is a standard law without parameters (the laws of :func:`mcgraph.engine.backend.triton_noise`) and
 has the sample's shape, a prior (optionally ``Independent``) with a registered density whose
-shape broadcasts into the sample's and whose parameters have the form's dtype, for calls without a ``chunk_size`` (one asked for gets the engine's chunks) of at most
-:data:`MAX_ELEMENTS` draws (above it torch's vectorised operations are as fast per element: the loop here
-calls the scalar ``exp`` and ``log1p`` of the C library, the generic tier's operations run vectorised). Under ``method="auto"`` it is used only for densities with no
-term the exact tier would take (:data:`SAMPLED_UNDER_AUTO`), so ``"auto"``'s estimate is the one it would
-be without the kernel. The library is compiled at first use (:class:`mcgraph.engine.native.NativeLibrary`,
-about a second, cached on disk); without a compiler :func:`log_prob_expectation` returns ``None`` and the
-generic fused tier runs.
+shape broadcasts into the sample's and whose parameters have the form's dtype, for calls without a
+``chunk_size`` (one asked for gets the engine's chunks) of at most :data:`MAX_ELEMENTS` draws (above it
+torch's vectorised operations are as fast per element: the loop here calls the scalar ``exp`` and
+``log1p`` of the C library, the generic tier's operations run vectorised). Under ``method="auto"`` and
+``"monte-carlo"`` it is used only for densities whose every w-dependent term is the fused tier's
+(:data:`WHOLLY_FUSED`): the engine would take a polynomial term exactly (``"auto"``) or by the collapsed
+tier, so its estimate and its graph are the ones it would have without the loop; ``method="fused"`` asks
+for the fused tier for every density. The library is compiled at first use
+(:class:`mcgraph.engine.native.NativeLibrary`, 2–3 seconds, cached on disk); without a compiler
+:func:`log_prob_expectation` returns ``None`` and the engine's fused tier runs.
 
 Example:
     >>> import torch, mcgraph as mg
@@ -89,10 +92,9 @@ def unavailable_reason() -> str | None:
 #: scale mixture (two transcendental calls per draw) about 0.9–1.1× from 10⁴ to 10⁶ and 1.45× at 3·10⁶.
 MAX_ELEMENTS = 1 << 20
 
-#: ``(density, form kind)`` pairs whose log-density has no polynomial term in ``u`` (so ``method="auto"``,
-#: which takes such terms exactly, samples the whole density anyway); other pairs use the kernel only
-#: when every term is asked to be sampled (``"monte-carlo"``, ``"fused"``).
-SAMPLED_UNDER_AUTO = frozenset({(name, kind) for name in ("Laplace", "Logistic", "Cauchy", "StudentT",
+#: ``(density, form kind)`` pairs whose log-density has no polynomial term in ``u`` (so the engine puts all of
+#: it, but its constant, in the fused tier); other pairs take the loop only under ``method="fused"``.
+WHOLLY_FUSED = frozenset({(name, kind) for name in ("Laplace", "Logistic", "Cauchy", "StudentT",
                                                           "ScaleMixtureNormal") for kind in _FORMS}
                                | {("LogUniform", "location_scale"), ("LogUniform", "scaling")})
 
@@ -157,7 +159,7 @@ def plan(form, p: Distribution, method: str) -> tuple[LogDensity, str, tuple] | 
     entry = log_density(type(base))
     if kind is None or entry is None:
         return None
-    if method == "auto" and (entry.name, kind) not in SAMPLED_UNDER_AUTO:
+    if method != "fused" and (entry.name, kind) not in WHOLLY_FUSED:
         return None
     if not _broadcasts_to(tuple(base.batch_shape + base.event_shape), tuple(form.shape)):
         return None
