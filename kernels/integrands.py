@@ -38,7 +38,7 @@ import triton.language as tl
 from torch.distributions import Cauchy, Distribution, Gamma, InverseGamma, Laplace, LogNormal, Normal, StudentT
 
 from mcgraph.distributions import Logistic, LogUniform, ScaleMixtureNormal
-from mcgraph.engine.log_densities import LOG_DENSITIES
+from mcgraph.engine.log_densities import LOG_DENSITIES, inherited_entry
 from mcgraph.engine.registry import Registry
 
 
@@ -76,10 +76,7 @@ def register_log_prob(dist_type: type, *, params: Callable[[Distribution], tuple
 
 def integrand_entry(dist_type: type) -> TritonIntegrand | None:
     """The entry of the most specific registered base whose ``log_prob`` ``dist_type`` inherits."""
-    entry = LOG_PROBS.lookup(dist_type, None)
-    if entry is None or getattr(dist_type, "log_prob") is not getattr(entry.dist_type, "log_prob"):
-        return None
-    return entry
+    return inherited_entry(LOG_PROBS, dist_type)
 
 
 # --------------------------------------------------------------------------- device helpers

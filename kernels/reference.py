@@ -22,6 +22,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from mcgraph.engine.noise import BlockStream, resolve_seed, rows_per_block
+from mcgraph.engine.shapes import broadcasts_to
 
 
 # --------------------------------------------------------------------------- references on given noise
@@ -71,15 +72,6 @@ def softmax_cross_entropy_reference(mean: torch.Tensor, std: torch.Tensor, targe
 
 
 # --------------------------------------------------------------------------- softmax MC: shared Function
-
-
-def broadcasts_to(shape, target) -> bool:
-    """Whether ``shape`` broadcasts to exactly ``target``."""
-    try:
-        return torch.broadcast_shapes(shape, target) == torch.Size(target)
-    except RuntimeError:
-        return False
-
 
 
 def check_softmax_args(mean, std, targets) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Size]:

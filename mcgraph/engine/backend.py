@@ -49,6 +49,8 @@ from enum import Enum
 
 import torch
 
+from .shapes import broadcasts_to
+
 #: The environment variable that overrides the automatic choice.
 ENV_VAR = "MCGRAPH_BACKEND"
 
@@ -356,7 +358,7 @@ def log_prob_expectation(q, p, num_samples: int, seed: int, *, sum_rightmost: in
     base, _ = fused.unwrap_independent(p)
     if _kernels("integrands").integrand_entry(type(base)) is None:
         return None
-    if not _kernels("reference").broadcasts_to(p.batch_shape + p.event_shape, form.shape):
+    if not broadcasts_to(p.batch_shape + p.event_shape, form.shape):
         return None
     name, event_ndims = noise
     value = fused.fused_log_prob_expectation(p, form.loc, form.scale, kind, num_samples, seed, noise=name,

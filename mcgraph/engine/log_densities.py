@@ -91,9 +91,15 @@ for _entry in (
     LOG_DENSITIES.register(_entry.dist_type, _entry)
 
 
-def log_density(dist_type: type) -> LogDensity | None:
-    """The entry of the most specific registered base whose ``log_prob`` ``dist_type`` inherits, else ``None``."""
-    entry = LOG_DENSITIES.lookup(dist_type, None)
+def inherited_entry(registry: Registry, dist_type: type):
+    """The entry (with a ``dist_type``) of ``registry``'s most specific registered base of ``dist_type``, when
+    ``dist_type`` inherits that base's ``log_prob`` unchanged, else ``None`` (the rule of both kernels' tables)."""
+    entry = registry.lookup(dist_type, None)
     if entry is None or getattr(dist_type, "log_prob") is not getattr(entry.dist_type, "log_prob"):
         return None
     return entry
+
+
+def log_density(dist_type: type) -> LogDensity | None:
+    """The entry of the most specific registered base whose ``log_prob`` ``dist_type`` inherits, else ``None``."""
+    return inherited_entry(LOG_DENSITIES, dist_type)

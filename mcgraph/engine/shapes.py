@@ -23,3 +23,16 @@ def broadcast_shapes(*shapes) -> tuple:
                     raise RuntimeError(f"shapes {[tuple(x) for x in shapes]} do not broadcast")
                 out[i] = n
     return tuple(out)
+
+
+def broadcasts_to(shape, target) -> bool:
+    """Whether ``shape`` broadcasts to exactly ``target``.
+
+    Example:
+        >>> broadcasts_to((3, 1), (2, 3, 4)), broadcasts_to((3, 4), (4,))
+        (True, False)
+    """
+    try:
+        return broadcast_shapes(shape, target) == tuple(target)
+    except RuntimeError:
+        return False

@@ -52,12 +52,14 @@ from typing import Callable
 
 import torch
 from torch.distributions import Distribution, Independent
-from torch.distributions.transforms import ExpTransform
+from torch.autograd.function import once_differentiable
 
 from .. import native
 from ..backend import backend_for, triton_noise
 from ..families import SamplingForm
 from ..log_densities import LogDensity, log_density
+from ..shapes import broadcasts_to
+from .fused import transform_name, derivatives_vjp, save_derivatives
 from .sampling import stream_for
 
 _SOURCE = pathlib.Path(__file__).parents[1] / "csrc" / "cpu_fused.cpp"
@@ -94,9 +96,8 @@ MAX_ELEMENTS = 1 << 20
 
 #: ``(density, form kind)`` pairs whose log-density has no polynomial term in ``u`` (so the engine puts all of
 #: it, but its constant, in the fused tier); other pairs take the loop only under ``method="fused"``.
-WHOLLY_FUSED = frozenset({(name, kind) for name in ("Laplace", "Logistic", "Cauchy", "StudentT",
-                                                          "ScaleMixtureNormal") for kind in _FORMS}
-                               | {("LogUniform", "location_scale"), ("LogUniform", "scaling")})
+WHOLLY_FUSED = frozenset({(name, kind) for name in ("Laplace", "Logistic", "Cauchy", "StudentT", "ScaleMixtureNormal")
+                          for kind in _FORMS} | {("LogUniform", "location_scale"), ("LogUniform", "scaling")})
 
 _DTYPES = (torch.float32, torch.float64)
 _Params, _Steps, _Pointers = ctypes.c_void_p * 4, ctypes.c_int64 * 4, ctypes.c_void_p * 7
@@ -112,17 +113,11 @@ def _unwrap(p: Distribution) -> tuple[Distribution, int]:
 
 
 def _form_kind(form) -> str | None:
-    if not form.transforms:
+    """The loop's name for ``form``: the fused bodies' transforms (none, or one exp), exp with a location."""
+    transform = transform_name(form.transforms)
+    if transform == "":
         return "scaling" if form.loc is None else "location_scale"
-    if len(form.transforms) == 1 and type(form.transforms[0]) is ExpTransform and form.loc is not None:
-        return "exp"
-    return None
-
-
-def _broadcasts_to(shape, target) -> bool:
-    if len(shape) > len(target):
-        return False
-    return all(a == 1 or a == b for a, b in zip(reversed(shape), reversed(target)))
+    return "exp" if transform == "exp" and form.loc is not None else None
 
 
 _DISABLED: contextvars.ContextVar[bool] = contextvars.ContextVar("mcgraph_cpu_fused_disabled", default=False)
@@ -161,7 +156,7 @@ def plan(form, p: Distribution, method: str) -> tuple[LogDensity, str, tuple] | 
         return None
     if method != "fused" and (entry.name, kind) not in WHOLLY_FUSED:
         return None
-    if not _broadcasts_to(tuple(base.batch_shape + base.event_shape), tuple(form.shape)):
+    if not broadcasts_to(base.batch_shape + base.event_shape, form.shape):
         return None
     params = tuple(torch.as_tensor(c) for c in entry.params(base))
     if any(c.dtype != form.dtype or c.device.type != "cpu" for c in params):
@@ -198,24 +193,15 @@ class _LogProbMC(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, run, loc, scale, *params):
-        inputs = (loc, scale, *params)
+        inputs = (loc, scale, *params)  # (all of the samples' dtype: plan)
         value, *derivs = run([t is not None and t.requires_grad for t in inputs])
-        ctx.inputs = [None if t is None else (t.shape, t.dtype) for t in inputs]
-        ctx.present = [d is not None for d in derivs]
-        ctx.save_for_backward(*[d for d in derivs if d is not None])
+        save_derivatives(ctx, inputs, derivs)
         return value
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out):
-        saved = iter(ctx.saved_tensors)
-        grads = []
-        for present, spec in zip(ctx.present, ctx.inputs):
-            if present:
-                shape, dtype = spec
-                grads.append((grad_out * next(saved)).sum_to_size(shape).to(dtype))
-            else:
-                grads.append(None)
-        return (None, *grads)
+        return derivatives_vjp(ctx, grad_out)
 
 
 def log_prob_expectation(form, p: Distribution, num_samples: int, seed: int, *, method: str = "monte-carlo",

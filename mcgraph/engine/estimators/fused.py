@@ -88,7 +88,7 @@ def _body_spec(spec: FusedSpec, want: list) -> fused_body.BodySpec | None:
     form = spec.form
     if spec.lowered is None or fused_body.body_mode() == "autograd":
         return None
-    transform = _transform_name(form.transforms)
+    transform = transform_name(form.transforms)
     if transform is None:
         return None
     slots = [spec.lowered.slot_of(c) for c, w in zip(spec.captured, want[2:]) if w]
@@ -105,7 +105,7 @@ def _spread(sums: tuple, want: list) -> tuple:
     return tuple(head + per_c) + (next(rest, None),)
 
 
-def _transform_name(transforms) -> str | None:
+def transform_name(transforms) -> str | None:
     """``""`` (w = u), ``"exp"`` (w = eᵘ), or ``None`` for transforms the bodies do not cover."""
     if not transforms:
         return ""
@@ -195,30 +195,36 @@ class FusedElementwiseMC(torch.autograd.Function):
         if spec.shard is not None:  # one all-reduce of the value and every derivative
             value, *acc = spec.shard.sum(lambda: [value, *acc], [value, *[value] * len(acc)])
         m = spec.num_samples
-        derivs = [a / m if a is not None else None for a in acc]
-        ctx.input_shapes = [None if t is None else t.shape for t in (loc, scale, *captured)]
-        ctx.present = [d is not None for d in derivs]
-        ctx.save_for_backward(*[d for d in derivs if d is not None])
+        save_derivatives(ctx, (loc, scale, *captured), [a / m if a is not None else None for a in acc])
         return value / m
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
-        saved = iter(ctx.saved_tensors)
-        grads = []
-        for present, shape in zip(ctx.present, ctx.input_shapes):
-            if present:
-                grads.append((grad_out * next(saved)).sum_to_size(shape))
-            else:
-                grads.append(None)
-        return (None, *grads)
+        return derivatives_vjp(ctx, grad_out)
+
+
+def save_derivatives(ctx, inputs, derivs) -> None:
+    """Keep, for :func:`derivatives_vjp`, ``∂y/∂x`` (elementwise, y's shape; ``None`` where not wanted) of each
+    input ``x`` (``None`` for an absent one) of a Function that computed them in its forward pass."""
+    ctx.input_shapes = [None if t is None else t.shape for t in inputs]
+    ctx.present = [d is not None for d in derivs]
+    ctx.save_for_backward(*[d for d in derivs if d is not None])
+
+
+def derivatives_vjp(ctx, grad_out) -> tuple:
+    """The VJP of such a Function whose first argument is not a tensor: ``(None, *grad_x)``, with
+    ``grad_x = sum_to_size(grad_out · ∂y/∂x, x.shape)``."""
+    saved = iter(ctx.saved_tensors)
+    return (None, *[(grad_out * next(saved)).sum_to_size(shape) if present else None
+                    for present, shape in zip(ctx.present, ctx.input_shapes)])
 
 
 def describe_body(form: SamplingForm, node: Node) -> str:
     """Which chunk body the fused tier runs for ``node`` under ``form``, in words (for ``explain``)."""
     from .derivatives import missing_rule
 
-    if _transform_name(form.transforms) is None:
+    if transform_name(form.transforms) is None:
         return fused_body.describe(None, "transforms other than one exp have no forward rule")
     return fused_body.describe(lower(node), missing_rule(node))
 
