@@ -34,6 +34,7 @@ import sys  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from native_fallback import assert_runs_without_compiler  # noqa: E402
 from torch import distributions as D  # noqa: E402
 
 import mcgraph as mg  # noqa: E402
@@ -358,12 +359,7 @@ print("OK")
 
 
 def test_falls_back_to_torch_stream_without_compiler(tmp_path):
-    env = {**os.environ, "CXX": str(tmp_path / "no-such-compiler"), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"),
-           "OMP_NUM_THREADS": "1"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-c", _FALLBACK], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=root)
-    assert proc.returncode == 0 and proc.stdout.strip() == "OK", proc.stderr[-3000:]
+    assert_runs_without_compiler(tmp_path, _FALLBACK)
 
 
 def test_import_and_small_calls_build_nothing(tmp_path):

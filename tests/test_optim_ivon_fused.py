@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 import copy
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 from kernel_spies import count_kernel_calls
+from native_fallback import assert_runs_without_compiler
 from torch import nn
 
 from mcgraph.engine import native
 from mcgraph.optim import IVON, cpu_kernels
 
 pytestmark = pytest.mark.skipif(shutil.which(native.compiler()) is None, reason="no C++ compiler on this machine")
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _net(dtype, seed=0):
@@ -157,16 +153,19 @@ def test_a_checkpoint_resumes_across_the_two_paths():
     _assert_same(opt, twin, net, twin_net)
 
 
-def _both_paths_with_an_edit(edit, seed):
-    """Two steps on the compiled and the foreach path, ``edit(opt, net)`` on each, two more steps: the same."""
+def _both_paths_with_an_edit(edit, seed) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two steps on the compiled and the foreach path, ``edit(opt, net)`` on each, two more steps: the same
+    (checked here). Returns the first weight after the edited run and after the same run without the edit."""
     x, y = _data(torch.float64)
-    net_a, net_b = _net(torch.float64), _net(torch.float64)
+    net_a, net_b, net_c = _net(torch.float64), _net(torch.float64), _net(torch.float64)
     a, b = IVON(net_a, lr=0.1, ess=40, seed=seed), IVON(net_b, lr=0.1, ess=40, seed=seed, fused=False)
-    for opt, net in ((a, net_a), (b, net_b)):
+    c = IVON(net_c, lr=0.1, ess=40, seed=seed)
+    for opt, net, change in ((a, net_a, edit), (b, net_b, edit), (c, net_c, lambda opt, net: None)):
         _run(opt, net, x, y, steps=2, samples=1)
-        edit(opt, net)
+        change(opt, net)
         _run(opt, net, x, y, steps=2, samples=1)
     _assert_same(a, b, net_a, net_b)
+    return net_a[0].weight.detach(), net_c[0].weight.detach()
 
 
 def test_changing_ess_between_steps_rescales_the_noise_on_both_paths():
@@ -174,7 +173,8 @@ def test_changing_ess_between_steps_rescales_the_noise_on_both_paths():
         opt.param_groups[0]["ess"] = 400.0
         opt.param_groups[0]["weight_decay"] = 0.5
 
-    _both_paths_with_an_edit(edit, seed=1)
+    edited, unedited = _both_paths_with_an_edit(edit, seed=1)
+    assert not torch.equal(edited, unedited)  # the edit changed the run (so both paths saw it)
 
 
 def test_a_hessian_changed_between_steps_rescales_the_next_sample_on_both_paths():
@@ -182,7 +182,8 @@ def test_a_hessian_changed_between_steps_rescales_the_next_sample_on_both_paths(
         opt.state[net[0].weight]["hess"].mul_(100.0)  # in place
         opt.state[net[2].weight]["hess"] = torch.full_like(opt.state[net[2].weight]["hess"], 7.0)  # replaced
 
-    _both_paths_with_an_edit(edit, seed=2)
+    edited, unedited = _both_paths_with_an_edit(edit, seed=2)
+    assert not torch.equal(edited, unedited)  # the edit changed the run (so both paths saw it)
 
 
 @pytest.mark.parametrize("fused", [None, False])
@@ -236,10 +237,7 @@ print("OK")
 
 
 def test_without_a_compiler_the_default_keeps_the_foreach_step_and_fused_true_says_why(tmp_path):
-    env = {**os.environ, "CXX": str(tmp_path / "no-such-compiler"), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
-    proc = subprocess.run([sys.executable, "-c", _NO_COMPILER], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)
-    assert proc.returncode == 0 and proc.stdout.strip() == "OK", proc.stderr[-3000:]
+    assert_runs_without_compiler(tmp_path, _NO_COMPILER)
 
 
 # ---------------------------------------------------------------------------------------- the review's cases
@@ -289,7 +287,8 @@ def test_a_hessian_replaced_after_the_old_one_is_freed_rescales_the_next_sample(
         del state["hess"]
         state["hess"] = torch.full(shape, 7.0, dtype=dtype)
 
-    _both_paths_with_an_edit(edit, seed=2)
+    edited, unedited = _both_paths_with_an_edit(edit, seed=2)
+    assert not torch.equal(edited, unedited)  # the edit changed the run (so both paths saw it)
 
 
 def test_state_of_another_dtype_takes_torch_operations_or_raises_before_writing_under_fused_true():
