@@ -448,6 +448,24 @@ def test_elbo_graph_does_not_grow_with_samples():
     assert size(16, "direct").saved_bytes > 2 * size(1, "direct").saved_bytes
 
 
+def test_elbo_at_one_sample_is_the_plain_one_sample_graph():
+    # M = 1 has nothing to accumulate: the default is the direct graph (a plain torch step's), M >= 2 chunked
+    torch.manual_seed(0)
+    net = mnn.bayesify(nn.Sequential(nn.Linear(20, 30), nn.ReLU(), nn.Linear(30, 4)), posterior="radial")
+    x, y = torch.randn(8, 20), torch.randint(0, 4, (8,))
+
+    def run(M, method=None):
+        loss = -mnn.elbo(net, x, y, num_samples=mg.Sampling(M, method=method), dataset_size=100, seed=3)
+        return loss, mg.graph_size(loss), torch.autograd.grad(loss, list(net.parameters()))
+
+    default, direct, chunked = run(1), run(1, "direct"), run(1, "chunked")
+    assert default[1] == direct[1] and default[1] != chunked[1]
+    assert run(2)[1] == run(2, "chunked")[1]
+    torch.testing.assert_close(default[0], chunked[0], rtol=0, atol=0)
+    for a, b in zip(default[2], chunked[2], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
 def test_elbo_terms_and_scaling():
     torch.manual_seed(0)
     net = mnn.bayesify(nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)), kl_samples=10)

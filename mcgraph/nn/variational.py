@@ -17,7 +17,8 @@ resampled). :class:`WholeNetworkMC` evaluates it chunk by chunk: each chunk of
 gradient with respect to every parameter is taken and accumulated at once, so
 autograd holds one chunk's graph at a time and the Function saves O(P)
 tensors, whatever M. With the same seed the value and gradients equal the naive
-estimate with every sample in one graph (``method="direct"``).
+estimate with every sample in one graph (``method="direct"``). At M = 1, where there is
+nothing to accumulate, the default is that one-sample graph, as in a plain torch step.
 """
 
 from __future__ import annotations
@@ -171,8 +172,9 @@ def expected_data_term(model: nn.Module, x, y: torch.Tensor | None = None, *, nu
     """``(1/B) Σ_b (1/M) Σ_i log p(y_b | x_b, W_i)`` over whole-network samples (a 0-d tensor).
 
     ``num_samples``: M, or a :class:`~mcgraph.Sampling` with M and how to sample: ``method``
-    ``"chunked"`` (default: :class:`WholeNetworkMC`, memory of one chunk) or ``"direct"`` (every
-    sample in one autograd graph, the naive reference), ``chunk_size`` (default :func:`default_chunk`),
+    ``"chunked"`` (the default for M ≥ 2: :class:`WholeNetworkMC`, memory of one chunk) or ``"direct"``
+    (every sample in one autograd graph, the naive reference; the default for M = 1, where the one
+    sample's graph is what a plain torch step holds and there is nothing to accumulate), ``chunk_size`` (default :func:`default_chunk`),
     ``vectorize`` (default: unless a BatchNorm uses batch statistics), ``process_group`` (the ranks,
     holding the same batch, split the M samples; one all-reduce of the value and the parameters'
     gradients).
@@ -202,7 +204,7 @@ def _checked_data_term(model, x, y, num_samples, likelihood, noise_std, seed, re
     seed = checks.seed("seed", o["seed"])
     with sharded(s.process_group, seed, s.num_samples) as (shard, seed):
         return _expected_data_term(model, x, y, s.num_samples, likelihood, noise_std, seed, s.chunk_size,
-                                   s.method or "chunked", s.vectorize, o["return_stderr"], shard)
+                                   s.method, s.vectorize, o["return_stderr"], shard)
 
 
 def _as_sampling(value, name: str) -> Sampling:
@@ -226,6 +228,8 @@ def _expected_data_term(model, x, y, num_samples, likelihood, noise_std, seed, c
     # a sequence model's activations and (B, T, V) logits dwarf its weight samples: one sample per chunk
     chunk = checks.positive_int("chunk_size", chunk_size, allow_none=True) or (
         1 if per_token else default_chunk(model, num_samples))
+    if method is None:  # one sample has nothing to accumulate: its graph is a plain torch step's
+        method = "direct" if num_samples == 1 and shard is None else "chunked"
     if method not in ("chunked", "direct"):
         raise ValueError(f"method must be 'chunked' or 'direct', got {method!r}")
     if method == "direct" and shard is not None:
@@ -361,8 +365,9 @@ def elbo(model: nn.Module, x, y: torch.Tensor | None = None, *, num_samples: int
         y: targets: class indices ``(B,)`` (categorical), values (gaussian) or a causal LM's
             labels ``(B, T)`` (token_categorical); ``None`` when ``x`` holds ``labels``.
         num_samples: M ≥ 1 whole-network samples of the data term, or a :class:`~mcgraph.Sampling`
-            with M and how to draw them: ``method`` ``"chunked"`` (default, bounded memory) or
-            ``"direct"`` (every sample in one graph); ``chunk_size`` (default :func:`default_chunk`,
+            with M and how to draw them: ``method`` ``"chunked"`` (default for M ≥ 2, bounded memory)
+            or ``"direct"`` (every sample in one graph; the default for M = 1, a plain torch step's
+            graph); ``chunk_size`` (default :func:`default_chunk`,
             about 16 MiB of weight samples per chunk); ``vectorize`` (a chunk's samples in one forward;
             default unless a BatchNorm uses batch statistics, see :func:`~mcgraph.nn.can_vectorize`);
             ``process_group`` (ranks holding the same batch split the M samples of both terms, see
