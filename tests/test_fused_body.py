@@ -289,6 +289,45 @@ def test_compiled_body_matches_eager_and_sizes_do_not_recompile(monkeypatch):
     assert _kl_learned_scale_mixture()[2] == "compiled"
 
 
+def test_default_fused_chunk_takes_two_rows_where_the_body_compiles(monkeypatch):
+    # a sample larger than GRAPH_CHUNK_ELEMENTS gets one row per chunk, which the compiled body does not take
+    # (it runs eagerly): where that body will run, the fused tier's default chunk is two rows instead
+    from mcgraph.engine.estimators import sampling
+    from mcgraph.engine.families import family_of
+
+    form = family_of(D.Normal(torch.zeros(48), torch.ones(48)))
+    monkeypatch.setattr(sampling, "GRAPH_CHUNK_ELEMENTS", 40)
+    monkeypatch.setattr(fused_body, "COMPILE_MIN_ELEMENTS", 48 * 37)
+    monkeypatch.setattr(fused_body, "compiler_available", lambda: True)
+    monkeypatch.setenv("MCGRAPH_FUSED_BODY", "auto")
+    assert sampling.default_chunk(form, 37, "fused") == 2
+    assert sampling.default_chunk(form, 36, "fused") == 1  # under the threshold: the eager body, one row
+    assert sampling.default_chunk(form, 1, "fused") == 1
+    assert sampling.default_chunk(form, 37, "chunked") == 1
+    monkeypatch.setenv("MCGRAPH_FUSED_BODY", "eager")
+    assert sampling.default_chunk(form, 37, "fused") == 1
+    monkeypatch.setattr(sampling, "GRAPH_CHUNK_ELEMENTS", 48 * 3)
+    monkeypatch.setenv("MCGRAPH_FUSED_BODY", "auto")
+    assert sampling.default_chunk(form, 37, "fused") == 3
+
+
+def test_large_samples_take_the_compiled_body_by_default(monkeypatch):
+    _needs_compiler()
+    from mcgraph.engine.estimators import cpu_fused, sampling
+
+    # M = 38: every chunk two rows (last_path() is the last chunk's, and a single last row runs eagerly)
+    monkeypatch.setattr(sampling, "GRAPH_CHUNK_ELEMENTS", 40)  # one row per chunk before
+    monkeypatch.setattr(fused_body, "COMPILE_MIN_ELEMENTS", 48 * 38)
+    monkeypatch.setenv("MCGRAPH_FUSED_BODY", "auto")
+    with cpu_fused.disabled():  # the engine's chunks, not the registered prior's compiled loop
+        default = _kl_learned_scale_mixture(M=38, chunk=None)
+        assert default[2] == "compiled"
+        monkeypatch.setenv("MCGRAPH_FUSED_BODY", "eager")
+        eager = _kl_learned_scale_mixture(M=38, chunk=None)
+    assert eager[2] == "eager"
+    assert_same(eager[:2], default[:2], 2e-5, 2e-5, "default chunk, compiled vs eager body")
+
+
 _VALIDATION_AFTER_COMPILE = """
 import torch, mcgraph as mg
 from torch import distributions as D
