@@ -259,7 +259,7 @@ def _run_tiers(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size
             v = collapsed_value(form, term, exact_stats)
         else:
             shape = _node_shape(form, term.node)
-            v = fused_value(form, term.node, shape, seed, num_samples, chunk("fused"), shard, moments=sink(term))
+            v = fused_value(form, term.node, shape, seed, num_samples, chunk_size, shard, moments=sink(term))
         piece_values[term.piece] = v if term.piece not in piece_values else piece_values[term.piece] + v
     out = None
     for i, piece in enumerate(traced.expr.pieces):

@@ -29,7 +29,8 @@ from ..families import SamplingForm
 from ..trace import Node
 from . import fused_body
 from .derivatives import Lowered, NoRule, lower
-from .sampling import stream_for
+from ..noise import rows_per_block
+from .sampling import default_chunk, sample_numel, stream_for
 
 
 @dataclass(frozen=True, eq=False)
@@ -230,15 +231,40 @@ def describe_body(form: SamplingForm, node: Node) -> str:
 
 
 def fused_value(form: SamplingForm, node: Node, out_shape, seed: int, num_samples: int,
-                chunk_size: int, shard=None, moments=None) -> torch.Tensor:
+                chunk_size: int | None, shard=None, moments=None) -> torch.Tensor:
     """E[h(w)] by the fused Function (autograd-connected to loc, scale and h's tensors).
 
+    ``chunk_size``: samples per chunk, ``None`` for :func:`default_fused_chunk`.
     ``shard`` (a :class:`mcgraph.engine.distributed.SampleShard`) restricts this process to its samples;
     ``moments`` (a :class:`mcgraph.engine.stderr.SampleMoments`) also receives the per-sample values.
     """
     from ..trace import captured_tensors
 
     captured = captured_tensors(node)
+    lowered = lower(node)
+    if chunk_size is None:
+        chunk_size = default_fused_chunk(form, num_samples, out_shape, lowered, moments)
     spec = FusedSpec(form, node, captured, seed, num_samples, chunk_size, torch.Size(out_shape), moments,
-                     shard, lower(node))
+                     shard, lowered)
     return FusedElementwiseMC.apply(spec, form.loc, form.scale, *captured)
+
+
+def default_fused_chunk(form: SamplingForm, num_samples: int, out_shape, lowered: Lowered | None,
+                        moments=None) -> int:
+    """Samples per chunk of the fused tier: :func:`~mcgraph.engine.estimators.sampling.default_chunk`'s, but at
+    least two where the compiled chunk body will run.
+
+    That body takes chunks of two rows or more (a single row runs the eager body, several times slower), and
+    a sample of more than ``GRAPH_CHUNK_ELEMENTS`` would otherwise make one-row chunks. It holds no temporary
+    of the chunk's size beside the rows. Not where the body runs eagerly anyway: per-sample values kept for
+    standard errors (``moments``), no forward-rule program (``lowered`` ``None``), transforms other than one
+    ``exp``; nor where a noise block holds a single row (two-row chunks would then be copied across blocks).
+    """
+    rows = default_chunk(form, num_samples, "fused")
+    numel = sample_numel(form)
+    if (rows == 1 and num_samples > 1 and moments is None and lowered is not None
+            and fused_body.body_mode() != "autograd" and transform_name(form.transforms) is not None
+            and rows_per_block(numel, num_samples) >= 2
+            and fused_body.wants_compile(num_samples * math.prod(out_shape), form.device)):
+        return 2
+    return rows

@@ -9,7 +9,6 @@ import torch
 from .. import backend
 from ..families import GenericForm, SamplingForm
 from ..noise import BlockStream, rows_per_block
-from . import fused_body
 
 
 def sample_numel(form) -> int:
@@ -38,21 +37,10 @@ GRAPH_CHUNK_ELEMENTS = 1 << 20
 
 
 def default_chunk(form, num_samples: int, tier: str = "collapsed") -> int:
-    """Default samples per chunk: one noise block for statistics, ~1 Mi elements for graph-building tiers.
-
-    The fused tier takes at least two rows where its compiled chunk body will run
-    (:func:`~mcgraph.engine.estimators.fused_body.wants_compile`): that body runs on chunks of two rows
-    or more (a single row runs eagerly, several times slower), and it holds no temporaries of the
-    chunk's size beside the rows.
-    """
-    numel = sample_numel(form)
+    """Default samples per chunk: one noise block for statistics, ~1 Mi elements for graph-building tiers."""
     if tier == "collapsed":
-        return rows_per_block(numel, num_samples)
-    rows = max(1, min(num_samples, GRAPH_CHUNK_ELEMENTS // numel))
-    if (tier == "fused" and rows == 1 and num_samples > 1
-            and fused_body.wants_compile(num_samples * numel, getattr(form, "device", torch.device("cpu")))):
-        return 2
-    return rows
+        return rows_per_block(sample_numel(form), num_samples)
+    return max(1, min(num_samples, GRAPH_CHUNK_ELEMENTS // sample_numel(form)))
 
 
 def samples(form, rows: torch.Tensor) -> torch.Tensor:
