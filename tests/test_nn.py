@@ -466,6 +466,57 @@ def test_elbo_at_one_sample_is_the_plain_one_sample_graph():
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
+def test_elbo_gradients_reach_a_module_likelihood_and_y_and_stray_tensors_are_refused():
+    torch.manual_seed(0)
+    net = mnn.bayesify(nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 1)))
+    x, y = torch.randn(6, 5), torch.randn(6)
+
+    class Gaussian(nn.Module):  # a learnable noise scale
+        def __init__(self):
+            super().__init__()
+            self.log_s = nn.Parameter(torch.tensor(0.3))
+
+        def forward(self, out, target):
+            return Normal(out.squeeze(-1), self.log_s.exp()).log_prob(target)
+
+    head, target = Gaussian(), y.clone().requires_grad_()
+    grads = []
+    for method in ("direct", "chunked"):
+        loss = -mnn.elbo(net, x, target, num_samples=mg.Sampling(3, method=method, chunk_size=2), dataset_size=60,
+                         likelihood=head, seed=0)
+        grads.append(torch.autograd.grad(loss, [head.log_s, target, *net.parameters()]))
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert grads[1][0] != 0 and grads[1][1].abs().sum() > 0
+
+    # a tensor the Function is not given (closed over by a likelihood function, or a model's plain attribute)
+    log_s = torch.tensor(0.3, requires_grad=True)
+
+    def closure(out, t):
+        return Normal(out.squeeze(-1), log_s.exp()).log_prob(t)
+
+    one = mnn.elbo(net, x, y, num_samples=1, dataset_size=60, likelihood=closure, seed=0)  # one plain graph
+    assert torch.autograd.grad(one, log_s)[0] != 0
+    with pytest.raises(ValueError, match=r"1 tensor\(s\) that require grad.*shapes \(\)\).*method='direct'"):
+        mnn.elbo(net, x, y, num_samples=2, dataset_size=60, likelihood=closure, seed=0)
+    direct = mnn.elbo(net, x, y, num_samples=mg.Sampling(2, method="direct"), dataset_size=60, likelihood=closure,
+                      seed=0)
+    assert torch.autograd.grad(direct, log_s)[0] != 0
+
+    class Shifted(nn.Module):
+        def __init__(self, body):
+            super().__init__()
+            self.body, self.shift = body, torch.zeros(1, requires_grad=True)  # not an nn.Parameter
+
+        def forward(self, inputs):
+            return self.body(inputs) + self.shift
+
+    with pytest.raises(ValueError, match=r"shapes \(1,\)"):
+        mnn.elbo(Shifted(net), x, y, num_samples=4, dataset_size=60, likelihood="gaussian", seed=0)
+    with torch.no_grad():  # no gradient asked: nothing to refuse
+        mnn.elbo(Shifted(net), x, y, num_samples=4, dataset_size=60, likelihood="gaussian", seed=0)
+
+
 def test_elbo_terms_and_scaling():
     torch.manual_seed(0)
     net = mnn.bayesify(nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)), kl_samples=10)

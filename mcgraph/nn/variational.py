@@ -61,6 +61,7 @@ class _NetworkSpec:
     want: tuple  # which inputs need a gradient
     moments: object = None  # a mcgraph.engine.stderr.SampleMoments fed with the per-sample values (return_stderr)
     shard: object = None  # a SampleShard: this process's samples only, sums all-reduced
+    caller: str = "mg.nn.elbo"  # named in the error for a tensor the Function cannot differentiate
 
 
 class WholeNetworkMC(torch.autograd.Function):
@@ -110,6 +111,8 @@ class WholeNetworkMC(torch.autograd.Function):
                 with torch.enable_grad():
                     per_sample = spec.fn(start_, stop_)
                     value = per_sample.sum()
+                    if a == 0 and value.requires_grad:
+                        _refuse_stray_leaves(value, targets, spec.caller)
                     grads = (torch.autograd.grad(value, targets, allow_unused=True) if value.requires_grad
                              else [None] * len(targets))
                 for k, g in enumerate(grads):
@@ -132,6 +135,37 @@ class WholeNetworkMC(torch.autograd.Function):
         # VJP: y is a 0-d mean, so ∂L/∂θ = grad_out · (1/M) Σ_i ∂f_i/∂θ, the saved mean gradient.
         saved = iter(ctx.saved_tensors)
         return (None, *[grad_out * next(saved) if p else None for p in ctx.present])
+
+
+def _refuse_stray_leaves(value: torch.Tensor, targets, caller: str) -> None:
+    """Raise if ``value``'s graph reaches a tensor that requires grad outside ``targets``.
+
+    :class:`WholeNetworkMC` takes the gradient inside its forward with respect to its inputs only: a tensor
+    the data term uses without being one of them (a plain tensor attribute of the model, a tensor a
+    ``likelihood`` function closes over) would silently get no gradient. One walk over the first chunk's
+    graph, from ``value`` to its leaves.
+    """
+    known = {id(t) for t in targets}
+    stray, seen, stack = [], set(), [value.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        leaf = getattr(node, "variable", None)  # an AccumulateGrad node: the leaf it fills
+        if leaf is not None:
+            if id(leaf) not in known:
+                stray.append(leaf)
+            continue
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    if stray:
+        shapes = ", ".join(str(tuple(t.shape)) for t in stray[:4]) + (", ..." if len(stray) > 4 else "")
+        raise ValueError(f"{caller}: the data term uses {len(stray)} tensor(s) that require grad but are not the "
+                         f"model's parameters, x, y, noise_std or the parameters of an nn.Module likelihood "
+                         f"(shapes {shapes}); the many-sample estimate (method='chunked', the default from "
+                         f"num_samples=2 on) differentiates only those, so these would get no gradient. Make "
+                         f"them parameters of the model (nn.Parameter) or of an nn.Module likelihood, or pass "
+                         f"num_samples=mg.Sampling(M, method='direct') (every sample in one graph)")
 
 
 class ELBOTerms(NamedTuple):
@@ -277,8 +311,13 @@ def _expected_data_term(model, x, y, num_samples, likelihood, noise_std, seed, c
     inputs = [p for p in model.parameters()] + input_grads(x)
     if isinstance(noise_std, torch.Tensor):
         inputs.append(noise_std)
+    if isinstance(likelihood, nn.Module):
+        inputs.extend(likelihood.parameters())
+    if y.requires_grad:
+        inputs.append(y)
+    inputs = list({id(t): t for t in inputs}.values())  # a tensor once (a likelihood module inside the model)
     want = tuple(torch.is_grad_enabled() and t.requires_grad for t in inputs)
-    spec = _NetworkSpec(chunk_value, num_samples, chunk, want, moments, shard)
+    spec = _NetworkSpec(chunk_value, num_samples, chunk, want, moments, shard, "mg.nn.elbo / expected_data_term")
     return result(WholeNetworkMC.apply(spec, *inputs))
 
 
@@ -385,8 +424,10 @@ def elbo(model: nn.Module, x, y: torch.Tensor | None = None, *, num_samples: int
             the same value and gradients for any ``chunk_size`` and ``method``.
         kl_weight: β ≥ 0 (finite).
         likelihood: ``"categorical"``, ``"gaussian"``, ``"token_categorical"`` or a callable
-            ``(output, target) -> (N,)``.
-        noise_std: τ of the Gaussian likelihood.
+            ``(output, target) -> (N,)``; an ``nn.Module`` callable's parameters get gradients with the
+            model's (a tensor that requires grad and is none of the model's or the likelihood's
+            parameters, ``x``, ``y`` or ``noise_std`` is refused from M = 2 on, with advice).
+        noise_std: τ of the Gaussian likelihood (a float, or a tensor, which may require grad).
 
     **Causal language models** (``likelihood="token_categorical"``, :func:`~mcgraph.nn.token_log_likelihood`):
     ``x`` is ``{"input_ids", "attention_mask", "labels"}`` (a HuggingFace batch) or token ids with
