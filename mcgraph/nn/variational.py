@@ -32,7 +32,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from ..engine import checks
-from ..engine.estimators.chunked import accumulation_dtype
+from ..engine.estimators.chunked import accumulation_dtype, graph_leaves
 from ..engine.distributed import sharded
 from ..engine.noise import mix_seed, resolve_seed
 from ..engine.options import Sampling, resolve_sampling
@@ -143,21 +143,9 @@ def _refuse_stray_leaves(value: torch.Tensor, targets, caller: str) -> None:
     :class:`WholeNetworkMC` takes the gradient inside its forward with respect to its inputs only: a tensor
     the data term uses without being one of them (a plain tensor attribute of the model, a tensor a
     ``likelihood`` function closes over) would silently get no gradient. One walk over the first chunk's
-    graph, from ``value`` to its leaves.
+    graph, from ``value`` to its leaves (:func:`~mcgraph.engine.estimators.chunked.graph_leaves`).
     """
-    known = {id(t) for t in targets}
-    stray, seen, stack = [], set(), [value.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        leaf = getattr(node, "variable", None)  # an AccumulateGrad node: the leaf it fills
-        if leaf is not None:
-            if id(leaf) not in known:
-                stray.append(leaf)
-            continue
-        stack.extend(next_node for next_node, _ in node.next_functions)
+    stray = graph_leaves(value, exclude=targets)
     if stray:
         shapes = ", ".join(str(tuple(t.shape)) for t in stray[:4]) + (", ..." if len(stray) > 4 else "")
         raise ValueError(f"{caller}: the data term uses {len(stray)} tensor(s) that require grad but are not the "
