@@ -196,10 +196,10 @@ def expected_data_term(model: nn.Module, x, y: torch.Tensor | None = None, *, nu
     ``num_samples``: M, or a :class:`~mcgraph.Sampling` with M and how to sample: ``method``
     ``"chunked"`` (the default for M ≥ 2: :class:`WholeNetworkMC`, memory of one chunk) or ``"direct"``
     (every sample in one autograd graph, the naive reference; the default for M = 1, where the one
-    sample's graph is what a plain torch step holds and there is nothing to accumulate), ``chunk_size`` (default :func:`default_chunk`),
-    ``vectorize`` (default: unless a BatchNorm uses batch statistics), ``process_group`` (the ranks,
-    holding the same batch, split the M samples; one all-reduce of the value and the parameters'
-    gradients).
+    sample's graph is what a plain torch step holds and there is nothing to accumulate),
+    ``chunk_size`` (default :func:`default_chunk`), ``vectorize`` (default: unless a BatchNorm uses batch
+    statistics), ``process_group`` (the ranks, holding the same batch, split the M samples; one
+    all-reduce of the value and the parameters' gradients).
     ``return_stderr=True`` returns an :class:`~mcgraph.engine.stderr.MCEstimate`: the standard error
     from the per-sample values (Σf² beside Σf in the same pass; ``num_samples >= 2``; one process only).
     The other arguments are those of :func:`elbo` (a causal LM's batch: see there).

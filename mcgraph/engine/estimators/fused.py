@@ -26,10 +26,10 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..families import SamplingForm
+from ..noise import rows_per_block
 from ..trace import Node
 from . import fused_body
 from .derivatives import Lowered, NoRule, lower
-from ..noise import rows_per_block
 from .sampling import default_chunk, sample_numel, stream_for
 
 
