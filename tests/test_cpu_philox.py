@@ -432,11 +432,13 @@ def test_radial_rows_equal_triton_stream(shape, event_ndims, dtype, rtol):
 
 
 @pytest.mark.parametrize("dtype, rtol", [(F64, 1e-14), (torch.float32, 1e-6)])
-@pytest.mark.parametrize("shape, event_ndims", [((4, 6, 5), 2), ((3, 64), 1), ((4, 6, 5), 1), ((7,), 0)])
+@pytest.mark.parametrize("shape, event_ndims", [((4, 6, 5), 2), ((3, 64), 1), ((4, 6, 5), 1), ((7,), 0),
+                                                ((1 << 18,), 1)])
 def test_radial_rows_are_normal_rows_scaled_by_radius_over_norm(shape, event_ndims, dtype, rtol):
     """ξ = ε·r/‖ε‖ with ε the normal rows and r the tag-1 radii of the same counters, ‖ε‖ here in float64
     by torch, whichever way the library sums the norms: while drawing (one event per draw; events of
-    whole tiles) or from the rows (events straddling tiles)."""
+    whole tiles) or from the rows (events straddling tiles). 8 rows of 2¹⁸: the rows drawn with their
+    norms are written by streaming stores (2²¹ elements and more)."""
     n, event = 8, math.prod(shape[len(shape) - event_ndims:]) if event_ndims else 1
     batch = math.prod(shape) // event
     eps = cpu_philox.rows("normal", shape, 3, 3 + n, seed=8, dtype=dtype).double().reshape(n, batch, event)

@@ -610,30 +610,56 @@ inline void fold_lanes(double* sq) {
 }
 static_assert(LANES == 32, "fold_lanes sums 32 lanes");
 
+// Rows of at least this many elements are written by streaming stores (store_tile).
+constexpr int64_t STREAM_MIN_ELEMENTS = int64_t(1) << 21;
+
+// dst[0 .. width) <- xi. With `stream`, a whole float32 tile aligned to 32 bytes goes to memory by streaming
+// stores: rows of 8 MiB and more are read back by a later pass from memory anyway, and a plain store would first
+// read each line into the cache, evicting what that pass reads. The caller fences (_mm_sfence) before the reads.
+template <typename Real>
+inline void store_tile(Real* dst, const Real* xi, int64_t width, bool stream) {
+#if defined(__AVX2__)
+  if constexpr (sizeof(Real) == 4) {
+    if (stream && width == LANES && reinterpret_cast<uintptr_t>(dst) % 32 == 0) {
+      for (int l = 0; l < LANES; l += 8) _mm256_stream_ps(dst + l, _mm256_load_ps(xi + l));
+      return;
+    }
+  }
+#endif
+  std::memcpy(dst, xi, sizeof(Real) * width);
+}
+
 template <typename Real>
 void rows_norms_impl(int64_t P, int64_t B, int64_t start, int64_t n, uint64_t seed, Real* out, double* norms,
                      int threads) {
   const int64_t tiles = (P + LANES - 1) / LANES;
   const int64_t per = B == 1 ? tiles : (P / B) / LANES;  // tiles per event
   std::vector<double> sums(static_cast<size_t>(n * tiles));
-#pragma omp parallel for schedule(dynamic, 256) num_threads(threads)
-  for (int64_t item = 0; item < n * tiles; ++item) {
-    alignas(64) Real xi[LANES];
-    alignas(64) double sq[LANES];
-    const int64_t r = item / tiles, j0 = (item % tiles) * LANES;
-    draw<Real>(NORMAL, seed, static_cast<uint64_t>((start + r) * P + j0), xi);
-    const int64_t width = std::min<int64_t>(LANES, P - j0);
-    std::memcpy(out + r * P + j0, xi, sizeof(Real) * width);
-    if (width == LANES) {
+  const bool stream = n * P >= STREAM_MIN_ELEMENTS;
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(dynamic, 256)
+    for (int64_t item = 0; item < n * tiles; ++item) {
+      alignas(64) Real xi[LANES];
+      alignas(64) double sq[LANES];
+      const int64_t r = item / tiles, j0 = (item % tiles) * LANES;
+      draw<Real>(NORMAL, seed, static_cast<uint64_t>((start + r) * P + j0), xi);
+      const int64_t width = std::min<int64_t>(LANES, P - j0);
+      store_tile(out + r * P + j0, xi, width, stream);
+      if (width == LANES) {
 #pragma omp simd
-      for (int l = 0; l < LANES; ++l) sq[l] = static_cast<double>(xi[l]) * static_cast<double>(xi[l]);
-    } else {
-      for (int l = 0; l < LANES; ++l) {
-        sq[l] = l < width ? static_cast<double>(xi[l]) * static_cast<double>(xi[l]) : 0.0;
+        for (int l = 0; l < LANES; ++l) sq[l] = static_cast<double>(xi[l]) * static_cast<double>(xi[l]);
+      } else {
+        for (int l = 0; l < LANES; ++l) {
+          sq[l] = l < width ? static_cast<double>(xi[l]) * static_cast<double>(xi[l]) : 0.0;
+        }
       }
+      fold_lanes(sq);
+      sums[static_cast<size_t>(item)] = sq[0];
     }
-    fold_lanes(sq);
-    sums[static_cast<size_t>(item)] = sq[0];
+#if defined(__AVX2__)
+    if (stream) _mm_sfence();  // this thread's streaming stores are visible before anyone reads the rows
+#endif
   }
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t e = 0; e < n * B; ++e) {
