@@ -293,41 +293,43 @@ def test_default_fused_chunk_takes_two_rows_where_the_body_compiles(monkeypatch)
     # a sample larger than GRAPH_CHUNK_ELEMENTS gets one row per chunk, which the compiled body does not take
     # (it runs eagerly): where that body will run, the fused tier's default chunk is two rows instead
     from mcgraph.engine.estimators import fused, sampling
-    from mcgraph.engine.families import family_of
-    from mcgraph.engine.stderr import SampleMoments
 
     q = D.Normal(torch.zeros(48), torch.ones(48))
-    form = family_of(q)
-    lowered = derivatives.lower(mg.explain(torch.abs, q).terms[0].node)
-    unlowered = derivatives.lower(mg.explain(lambda w: torch.erfinv(torch.tanh(w)), q).terms[0].node)
-    assert lowered is not None and unlowered is None
+    sizes = []
+    stream_for = fused.stream_for
 
-    def chunk(m, program=lowered, moments=None, on=form):
-        return fused.default_fused_chunk(on, m, (48,), program, moments)
+    def recording(form, seed, num_samples):  # the chunk size the Function asks the real stream for
+        stream = stream_for(form, seed, num_samples)
+        chunks = stream.chunks
+        stream.chunks = lambda size: (sizes.append(size), chunks(size))[1]
+        return stream
 
+    def chunk(fn=torch.abs, dist=q, m=37, **kw):
+        sizes.clear()
+        mg.expectation(fn, dist, m, seed=0, method="fused", **kw)
+        return sizes[-1]
+
+    monkeypatch.setattr(fused, "stream_for", recording)
     monkeypatch.setattr(sampling, "GRAPH_CHUNK_ELEMENTS", 40)
     monkeypatch.setattr(fused_body, "COMPILE_MIN_ELEMENTS", 48 * 37)
     monkeypatch.setattr(fused_body, "compiler_available", lambda: True)
+    monkeypatch.setattr(fused_body, "_compiled", lambda spec: None)  # the decision only: no compile here
     monkeypatch.setenv("MCGRAPH_FUSED_BODY", "auto")
-    assert chunk(37) == 2
-    assert chunk(36) == 1  # under the threshold: the eager body, one row
-    assert chunk(1) == 1
-    assert chunk(37, program=unlowered) == 1  # no forward-rule program: the autograd chunk
-    assert chunk(37, moments=SampleMoments()) == 1  # per-sample values kept: the eager body
-    two_exps = family_of(D.TransformedDistribution(q, [D.ExpTransform(), D.ExpTransform()]))
-    assert chunk(37, on=two_exps) == 1
-    monkeypatch.setattr(mg.engine.noise, "NOISE_BLOCK_ELEMENTS", 60)  # a noise block of one row
-    assert chunk(37) == 1
-    monkeypatch.undo()
-    monkeypatch.setattr(sampling, "GRAPH_CHUNK_ELEMENTS", 40)
-    monkeypatch.setattr(fused_body, "COMPILE_MIN_ELEMENTS", 48 * 37)
-    monkeypatch.setattr(fused_body, "compiler_available", lambda: True)
+    assert chunk() == 2
+    assert chunk(m=36) == 1  # under the threshold: the eager body, one row
+    assert chunk(lambda w: torch.erfinv(torch.tanh(w))) == 1  # no forward-rule program: the autograd chunk
+    assert chunk(return_stderr=True) == 1  # per-sample values kept: the eager body
+    assert chunk(dist=D.TransformedDistribution(q, [D.ExpTransform(), D.ExpTransform()])) == 1
+    assert fused.default_fused_chunk(mg.engine.families.family_of(q), 1, True) == 1
     for mode in ("eager", "autograd"):
         monkeypatch.setenv("MCGRAPH_FUSED_BODY", mode)
-        assert chunk(37) == 1
+        assert chunk() == 1
     monkeypatch.setenv("MCGRAPH_FUSED_BODY", "auto")
     monkeypatch.setattr(sampling, "GRAPH_CHUNK_ELEMENTS", 48 * 3)
-    assert chunk(37) == 3
+    assert chunk() == 3
+    monkeypatch.setattr(sampling, "GRAPH_CHUNK_ELEMENTS", 40)
+    monkeypatch.setattr(mg.engine.noise, "NOISE_BLOCK_ELEMENTS", 60)  # a noise block of one row
+    assert chunk() == 1
 
 
 def test_large_samples_take_the_compiled_body_by_default(monkeypatch):

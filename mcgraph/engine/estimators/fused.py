@@ -42,7 +42,7 @@ class FusedSpec:
     captured: tuple  # the tensors of ``node`` that need grad, in input order
     seed: int
     num_samples: int
-    chunk_size: int
+    chunk_size: int | None  # None: default_fused_chunk
     out_shape: torch.Size
     moments: object = None  # a mcgraph.engine.stderr.SampleMoments fed with the per-sample h (return_stderr)
     shard: object = None  # a SampleShard: this process's samples only, sums all-reduced
@@ -165,16 +165,17 @@ class FusedElementwiseMC(torch.autograd.Function):
         acc = [torch.zeros(out_shape, dtype=dtype, device=form.device) if w else None for w in want]
         loc_d = loc.detach() if loc is not None else None
         scale_d = scale.detach()
-        stream = stream_for(form, spec.seed, spec.num_samples)
-        if spec.shard is None:
-            rows = stream.chunks(spec.chunk_size)
-        else:
-            from ..distributed import window_chunks
-
-            rows = window_chunks(stream, spec.chunk_size, *spec.shard.stream_window(stream, spec.num_samples))
         body = _body_spec(spec, want)
         elements = spec.num_samples * math.prod(out_shape)
         compile_ = body is not None and fused_body.wants_compile(elements, form.device)
+        chunk = spec.chunk_size or default_fused_chunk(form, spec.num_samples, compile_ and fused_body.compiles(body))
+        stream = stream_for(form, spec.seed, spec.num_samples)
+        if spec.shard is None:
+            rows = stream.chunks(chunk)
+        else:
+            from ..distributed import window_chunks
+
+            rows = window_chunks(stream, chunk, *spec.shard.stream_window(stream, spec.num_samples))
         flush = fused_body.FLUSH_DENORMALS and elements >= fused_body.FLUSH_MIN_ELEMENTS
         tensors = tuple(t.detach() for t in spec.lowered.tensors) if body is not None else ()
         with fused_body.flush_denormals(flush):
@@ -241,30 +242,22 @@ def fused_value(form: SamplingForm, node: Node, out_shape, seed: int, num_sample
     from ..trace import captured_tensors
 
     captured = captured_tensors(node)
-    lowered = lower(node)
-    if chunk_size is None:
-        chunk_size = default_fused_chunk(form, num_samples, out_shape, lowered, moments)
     spec = FusedSpec(form, node, captured, seed, num_samples, chunk_size, torch.Size(out_shape), moments,
-                     shard, lowered)
+                     shard, lower(node))
     return FusedElementwiseMC.apply(spec, form.loc, form.scale, *captured)
 
 
-def default_fused_chunk(form: SamplingForm, num_samples: int, out_shape, lowered: Lowered | None,
-                        moments=None) -> int:
+def default_fused_chunk(form: SamplingForm, num_samples: int, compiled: bool) -> int:
     """Samples per chunk of the fused tier: :func:`~mcgraph.engine.estimators.sampling.default_chunk`'s, but at
-    least two where the compiled chunk body will run.
+    least two when the chunks will run the ``compiled`` body (``wants_compile`` and
+    :func:`~mcgraph.engine.estimators.fused_body.compiles` of the call's body).
 
-    That body takes chunks of two rows or more (a single row runs the eager body, several times slower), and
-    a sample of more than ``GRAPH_CHUNK_ELEMENTS`` would otherwise make one-row chunks. It holds no temporary
-    of the chunk's size beside the rows. Not where the body runs eagerly anyway: per-sample values kept for
-    standard errors (``moments``), no forward-rule program (``lowered`` ``None``), transforms other than one
-    ``exp``; nor where a noise block holds a single row (two-row chunks would then be copied across blocks).
+    That body takes chunks of two rows or more (a single row runs the eager body, several times slower), and a
+    sample of more than ``GRAPH_CHUNK_ELEMENTS`` would otherwise make one-row chunks. It holds no temporary of
+    the chunk's size beside the rows. Not where a noise block holds a single row (two-row chunks would then be
+    copied across blocks).
     """
     rows = default_chunk(form, num_samples, "fused")
-    numel = sample_numel(form)
-    if (rows == 1 and num_samples > 1 and moments is None and lowered is not None
-            and fused_body.body_mode() != "autograd" and transform_name(form.transforms) is not None
-            and rows_per_block(numel, num_samples) >= 2
-            and fused_body.wants_compile(num_samples * math.prod(out_shape), form.device)):
+    if compiled and rows == 1 and num_samples > 1 and rows_per_block(sample_numel(form), num_samples) >= 2:
         return 2
     return rows

@@ -263,10 +263,15 @@ def make_body(spec: BodySpec, compiled: bool):
     return body
 
 
+def compiles(spec: BodySpec) -> bool:
+    """Whether ``spec``'s chunks of two rows or more may run the compiled body: not when it keeps the
+    per-sample h (standard errors) or the sample is a scalar (h under vmap); single rows run eagerly too."""
+    return not spec.keep_h and not spec.scalar
+
+
 def run_chunk(spec: BodySpec, compile_: bool, xi, loc, scale, tensors):
     """One chunk's sums by the compiled body (when asked and it works) or the eager one."""
-    # eager only: per-sample h (standard errors), a scalar sample (h under vmap), single rows
-    if compile_ and xi.shape[0] > 1 and not spec.keep_h and not spec.scalar:
+    if compile_ and xi.shape[0] > 1 and compiles(spec):
         fn = _compiled(spec)
         if fn is not None:
             try:
@@ -304,5 +309,5 @@ def _compiled(spec: BodySpec):
     return _COMPILED[spec]
 
 
-__all__ = ["BodySpec", "COMPILE_MIN_ELEMENTS", "NoRule", "body_mode", "compiler_available", "describe",
+__all__ = ["BodySpec", "COMPILE_MIN_ELEMENTS", "NoRule", "body_mode", "compiler_available", "compiles", "describe",
            "flush_denormals", "last_path", "make_body", "run_chunk", "wants_compile"]
