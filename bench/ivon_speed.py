@@ -109,6 +109,32 @@ def stepper(provider: str, build, x, y):
     return step
 
 
+def operations_per_step(step, cuda: bool) -> int:
+    """What one step issues, counted by torch's profiler: kernels run on the device (CUDA), or the
+    torch operator calls not made from inside another operator (CPU). On a GPU a step of a few million weights is bound by these
+    launches and their dispatch on the host, not by memory."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+    events = prof.events()
+    if cuda:
+        return sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+
+    def outermost(e) -> bool:
+        parent = e.cpu_parent
+        while parent is not None:
+            if parent.name.startswith("aten::"):
+                return False
+            parent = parent.cpu_parent
+        return True
+
+    return sum(1 for e in events if e.name.startswith("aten::") and outermost(e))
+
+
 def measure(name: str, providers, reps: int, warmup: int = 3, device: str = "cpu") -> dict:
     build, x, y = workload(name)
     x, y = x.to(device), y.to(device)
@@ -138,8 +164,14 @@ def measure(name: str, providers, reps: int, warmup: int = 3, device: str = "cpu
     base_cpu, base_wall = statistics.median(cpus["adam"]), statistics.median(walls["adam"])
     for p in order:
         cpu, wall = statistics.median(cpus[p]), statistics.median(walls[p])
-        row["providers"][p] = {"cpu_s": cpu, "wall_s": wall, "cpu_ratio": cpu / base_cpu, "wall_ratio": wall / base_wall}
+        row["providers"][p] = {"cpu_s": cpu, "wall_s": wall, "cpu_ratio": cpu / base_cpu, "wall_ratio": wall / base_wall,
+                               "operations": operations_per_step(steps[p], cuda)}
+    row["operations_of"] = "device kernels" if cuda else "outermost torch operator calls"
     return row
+
+
+def _ops(v: dict) -> str:
+    return f", {v['operations']} ops" if "operations" in v else ""
 
 
 def summary(rows: list[dict]) -> list[str]:
@@ -148,11 +180,13 @@ def summary(rows: list[dict]) -> list[str]:
         kind = row.get("ratio_of", "cpu")
         other = "wall" if kind == "cpu" else "cpu"
         cells = ", ".join(f"{p} {v[kind + '_ratio']:.2f}x ({1e3 * v[kind + '_s']:.2f} ms {kind}, "
-                          f"{v[other + '_ratio']:.2f}x {other})"
+                          f"{v[other + '_ratio']:.2f}x {other}{_ops(v)})"
                           for p, v in row["providers"].items() if p != "adam")
         adam = row["providers"]["adam"]
         lines.append(f"{row['model']} ({row['parameters']:,} parameters, batch {row['batch']}, {row['device']}): "
-                     f"adam {1e3 * adam[kind + '_s']:.2f} ms {kind}; relative to adam: {cells}")
+                     f"adam {1e3 * adam[kind + '_s']:.2f} ms {kind}{_ops(adam)}; relative to adam: {cells}")
+        if "operations_of" in row:
+            lines.append(f"  (ops: {row['operations_of']} per step)")
         ivon = row["providers"].get("ivon")
         if ivon:
             ok = "met" if ivon[kind + "_ratio"] <= 1.15 else "NOT met"

@@ -498,9 +498,13 @@ class IVON(CountedOptimizer):
                 cpu_kernels.ivon_record_next_(gi, n, ga, ha, count=self._count, price=price)
             return
         # the first is kept: a copy, contiguous whatever the gradient's layout (the step's buffers)
-        g = [torch.zeros(p.shape, dtype=_state_dtype(p), device=p.device) if gi is None
-             else gi.to(_state_dtype(p), copy=True, memory_format=torch.contiguous_format) if first
-             else gi.to(_state_dtype(p)) for gi, (p, _) in zip(grads, flat)]
+        if first and all(gi is not None and gi.dtype == _state_dtype(p) and gi.is_contiguous()
+                         for gi, (p, _) in zip(grads, flat)):
+            g = list(torch._foreach_mul(grads, 1.0))  # the copies in one foreach call (x·1 is x, bit for bit)
+        else:
+            g = [torch.zeros(p.shape, dtype=_state_dtype(p), device=p.device) if gi is None
+                 else gi.to(_state_dtype(p), copy=True, memory_format=torch.contiguous_format) if first
+                 else gi.to(_state_dtype(p)) for gi, (p, _) in zip(grads, flat)]
         if price:
             torch._foreach_mul_(noise, g)
             h = noise
