@@ -320,6 +320,10 @@ class TritonNoiseStream:
         event_ndims: Radial only.
     """
 
+    #: Whether the consumer may modify the rows in place (every call of :meth:`rows` makes fresh ones, so
+    #: the flag changes nothing here; it is part of the interface).
+    owns_rows = False
+
     def __init__(self, noise: str, shape, num_samples: int, seed: int, dtype: torch.dtype, device, *,
                  event_ndims: int = 0):
         self.law = noise_law(noise)
@@ -340,3 +344,6 @@ class TritonNoiseStream:
         for start in range(0, self.num_samples, chunk_size):
             stop = min(start + chunk_size, self.num_samples)
             yield start, stop, self.rows(start, stop)
+
+    def release(self) -> None:
+        """The stream is done. It keeps no buffer between calls, so there is nothing to hand on."""

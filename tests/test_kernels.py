@@ -504,3 +504,62 @@ def test_kernels_pass_triton_front_end_for_cuda():
     if proc.stdout.startswith("SKIP"):
         pytest.skip(f"Triton's compiler API differs: {proc.stdout.strip()}")
     assert proc.stdout.startswith("OK"), proc.stdout
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="gloo's all-reduce is the CPU's; the Triton path is the same Python")
+def test_a_shard_reads_the_triton_stream_by_window(tmp_path, monkeypatch):
+    """Under a process group each rank's collapsed statistics read its window of the Triton stream (rows
+    materialised, summed, all-reduced) instead of the whole-M kernel: the stream object must serve that path
+    to its end (``release`` included), and the value is the one process's. A one-rank group's shard, passed
+    as the enclosing call's, runs the split path in this process."""
+    import torch.distributed as dist
+
+    from mcgraph.engine.distributed import SampleShard
+
+    monkeypatch.setenv("MCGRAPH_BACKEND", "triton")
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        loc = torch.linspace(-1, 1, 7, dtype=F64, device=DEVICE).requires_grad_()
+        q = D.Normal(loc, torch.full((7,), 0.4, dtype=F64, device=DEVICE))
+        fn = lambda w: (w - 0.5) ** 3  # noqa: E731
+        whole = mg.expectation(fn, q, 5, seed=11, method="collapsed")
+        split = mg.expectation(fn, q, 5, seed=11, method="collapsed", process_group=SampleShard(dist.group.WORLD))
+        torch.testing.assert_close(split, whole, rtol=1e-12, atol=1e-12)
+        (g_whole,) = torch.autograd.grad(whole.sum(), loc)
+        (g_split,) = torch.autograd.grad(split.sum(), loc)
+        torch.testing.assert_close(g_split, g_whole, rtol=1e-12, atol=1e-12)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="the torch backend's reference value is computed on the CPU")
+def test_auto_kl_is_exact_on_the_triton_backend_where_it_is_on_the_cpu(monkeypatch):
+    """Radial ‖ Normal under ``"auto"``: torch has no rule, but log p is a polynomial, so the engine takes
+    E_q[log p] exactly and q's entropy in closed form. The Triton backend takes its fused log-density kernel
+    only where the engine would sample the whole term (or under ``method="fused"``), so the KL there is
+    the same exact number for any M and seed, equal to the torch backend's; ``"fused"`` still samples."""
+    torch.manual_seed(0)
+    loc = torch.randn(4, 5, dtype=F64, device=DEVICE)
+    scale = torch.rand(4, 5, dtype=F64, device=DEVICE) + 0.2
+    q, p = mgd.Radial(loc, scale), D.Normal(0.0, 1.0)
+    monkeypatch.setenv("MCGRAPH_BACKEND", "torch")
+    exact = mg.kl_divergence(q, p, 10, seed=0)
+    monkeypatch.setenv("MCGRAPH_BACKEND", "triton")
+    for M, seed in ((1, 0), (7, 3), (100, 11)):
+        torch.testing.assert_close(mg.kl_divergence(q, p, M, seed=seed), exact, rtol=1e-12, atol=1e-12)
+    sampled = [mg.kl_divergence(q, p, 7, seed=s, method="fused") for s in (0, 1)]
+    assert not torch.allclose(sampled[0], sampled[1])  # the kernel draws: two seeds, two estimates
+    assert ((sampled[0] - exact).abs() < 0.5 * exact.abs()).all()  # (an estimate of the same KL)
+
+
+def test_explain_names_the_triton_log_density_kernel_where_it_runs(monkeypatch):
+    """``explain`` says when the Triton kernel computes E_q[log p] (a prior without a polynomial term) and
+    says nothing of it where the engine's plan runs instead (a Normal prior under ``"auto"``)."""
+    monkeypatch.setenv("MCGRAPH_BACKEND", "triton")
+    loc = torch.zeros(6, dtype=F64, device=DEVICE)
+    q = D.Normal(loc, torch.full((6,), 0.5, dtype=F64, device=DEVICE))
+    mixture = str(mg.explain(q, mgd.ScaleMixtureNormal(0.5, 1.0, 0.01)))  # (no closed form)
+    assert "Triton kernel for ScaleMixtureNormal's log-density" in mixture
+    radial = mgd.Radial(loc, torch.full((6,), 0.5, dtype=F64, device=DEVICE))
+    normal = str(mg.explain(radial, D.Normal(0.0, 1.0)))
+    assert "log-density (the noise drawn in registers" not in normal and "EXACT" in normal

@@ -184,9 +184,13 @@ def _explain_kl(q: Distribution, p: Distribution, method, taylor_order) -> KLPla
 
 
 def _describe_cross_kernel(q: Distribution, p: Distribution, method: str) -> str:
-    """``explain``'s line on the compiled CPU loop for E_q[log p] (empty where it does not apply; builds nothing)."""
+    """``explain``'s line on the kernel for E_q[log p]: the compiled CPU loop or the Triton kernel (empty where
+    neither applies; builds nothing)."""
     if method not in ("auto", "monte-carlo", "fused"):
         return ""
+    if backend.log_prob_kernel(q, p, method) is not None:
+        return (f"fused: the Triton kernel for {type(p).__name__}'s log-density (the noise drawn in registers; "
+                f"value and gradients in one pass)")
     found = cpu_fused.plan(family_of(q), p, method)
     if found is None:
         return ""
@@ -551,7 +555,7 @@ def _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, re
     log_p = _log_density(p, extra)
     with _no_validation(p):
         if kernel and cross is None:
-            cross = backend.log_prob_expectation(q, p, num_samples, seed, sum_rightmost=extra)
+            cross = backend.log_prob_expectation(q, p, num_samples, seed, sum_rightmost=extra, method=method)
         if cross is None:
             q_checked = True  # (by the engine, below)
             cross = _expectation(log_p, q, num_samples, seed, engine_method, chunk_size, taylor_order,

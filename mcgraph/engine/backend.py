@@ -333,16 +333,19 @@ def has_noise_sums(form, keys, num_samples: int) -> bool:
     return cpu_philox.sums_cover(cpu_philox_law(form), keys)
 
 
-def log_prob_expectation(q, p, num_samples: int, seed: int, *, sum_rightmost: int = 0) -> torch.Tensor | None:
-    """``E_q[Σ_rightmost log p(w)]`` by the fused Triton kernel, or ``None`` when it does not apply.
+def log_prob_kernel(q, p, method: str = "fused") -> tuple | None:
+    """The fused Triton kernel's plan for ``E_q[log p(w)]``: ``(form, kind, law name, event_ndims)``, or
+    ``None`` when the kernel does not apply (builds and launches nothing).
 
-    Applies when ``q``'s family has a Triton noise law, its transforms are none or one
-    ``exp``, ``p`` (or its ``Independent`` base) has a registered Triton log-density
-    and ``p``'s shape broadcasts into ``q``'s. Engine hook: ``mcgraph.engine.api.kl_divergence``
-    for the cross term, when ``method`` is ``"auto"``, ``"monte-carlo"`` or ``"fused"`` (on the CPU backend the
-    hook asks :mod:`mcgraph.engine.estimators.cpu_fused` instead).
+    It applies when ``q``'s family is on the Triton backend with a Triton noise law, its transforms
+    are none or one ``exp``, ``p`` (or its ``Independent`` base) has a registered Triton log-density,
+    ``p``'s shape broadcasts into ``q``'s, and, under a ``method`` other than ``"fused"``, the engine
+    would put the whole term in the fused tier anyway
+    (:func:`mcgraph.engine.log_densities.kernel_takes_whole_term`: no polynomial term, which
+    ``"auto"`` takes exactly), as on the CPU.
     """
     from .families import family_of, is_exp
+    from .log_densities import kernel_takes_whole_term
 
     form = family_of(q)
     noise = _triton_form(form)
@@ -354,15 +357,30 @@ def log_prob_expectation(q, p, num_samples: int, seed: int, *, sum_rightmost: in
         kind = "exp"
     else:
         return None
-    fused = _kernels("fused_elementwise")
-    base, _ = fused.unwrap_independent(p)
+    base, _ = _kernels("fused_elementwise").unwrap_independent(p)
     if _kernels("integrands").integrand_entry(type(base)) is None:
         return None
+    if not kernel_takes_whole_term(type(base), kind, method):
+        return None  # the engine's plan: the polynomial terms exact ("auto") or collapsed
     if not broadcasts_to(p.batch_shape + p.event_shape, form.shape):
         return None
-    name, event_ndims = noise
-    value = fused.fused_log_prob_expectation(p, form.loc, form.scale, kind, num_samples, seed, noise=name,
-                                             event_ndims=event_ndims, shape=form.noise_shape)
+    return (form, kind) + tuple(noise)
+
+
+def log_prob_expectation(q, p, num_samples: int, seed: int, *, sum_rightmost: int = 0,
+                         method: str = "fused") -> torch.Tensor | None:
+    """``E_q[Σ_rightmost log p(w)]`` by the fused Triton kernel, or ``None`` when it does not apply
+    (:func:`log_prob_kernel`). Engine hook: ``mcgraph.engine.api.kl_divergence`` for the cross term, when
+    ``method`` is ``"auto"``, ``"monte-carlo"`` or ``"fused"`` (on the CPU backend the hook asks
+    :mod:`mcgraph.engine.estimators.cpu_fused` instead).
+    """
+    found = log_prob_kernel(q, p, method)
+    if found is None:
+        return None
+    form, kind, name, event_ndims = found
+    value = _kernels("fused_elementwise").fused_log_prob_expectation(
+        p, form.loc, form.scale, kind, num_samples, seed, noise=name, event_ndims=event_ndims,
+        shape=form.noise_shape)
     return value.sum(tuple(range(-sum_rightmost, 0))) if sum_rightmost > 0 else value
 
 

@@ -103,3 +103,24 @@ def inherited_entry(registry: Registry, dist_type: type):
 def log_density(dist_type: type) -> LogDensity | None:
     """The entry of the most specific registered base whose ``log_prob`` ``dist_type`` inherits, else ``None``."""
     return inherited_entry(LOG_DENSITIES, dist_type)
+
+
+#: The sample forms the kernels evaluate: ``w = loc + scale·ξ``, ``w = scale·ξ`` and ``w = exp(loc + scale·ξ)``.
+FORM_KINDS = ("location_scale", "scaling", "exp")
+
+#: ``(density name, form kind)`` pairs whose log-density has no polynomial term in the noise, so that the
+#: engine's plan puts all of it (but its constant) in the fused tier. Under ``method="auto"`` and
+#: ``"monte-carlo"`` only these take a kernel for the whole cross term (the compiled CPU loop, the Triton
+#: kernel): for the others the engine takes the polynomial terms exactly (``"auto"``) or by the collapsed
+#: tier, and a kernel would change the estimate. ``method="fused"`` asks for the kernel for every density.
+WHOLLY_FUSED = frozenset({(name, kind) for name in ("Laplace", "Logistic", "Cauchy", "StudentT", "ScaleMixtureNormal")
+                          for kind in FORM_KINDS} | {("LogUniform", "location_scale"), ("LogUniform", "scaling")})
+
+
+def kernel_takes_whole_term(dist_type: type, kind: str, method: str) -> bool:
+    """Whether a kernel computes the whole ``E_q[log p]`` for a prior of ``dist_type`` and a sample form of
+    ``kind`` under ``method`` (see :data:`WHOLLY_FUSED`)."""
+    if method == "fused":
+        return True
+    entry = log_density(dist_type)
+    return entry is not None and (entry.name, kind) in WHOLLY_FUSED

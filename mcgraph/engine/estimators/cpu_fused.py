@@ -25,7 +25,7 @@ shape broadcasts into the sample's and whose parameters have the form's dtype, f
 torch's vectorised operations are as fast per element: the loop here calls the scalar ``exp`` and
 ``log1p`` of the C library, the generic tier's operations run vectorised). Under ``method="auto"`` and
 ``"monte-carlo"`` it is used only for densities whose every w-dependent term is the fused tier's
-(:data:`WHOLLY_FUSED`): the engine would take a polynomial term exactly (``"auto"``) or by the collapsed
+(:data:`mcgraph.engine.log_densities.WHOLLY_FUSED`): the engine would take a polynomial term exactly (``"auto"``) or by the collapsed
 tier, so its estimate and its graph are the ones it would have without the loop; ``method="fused"`` asks
 for the fused tier for every density. The library is compiled at first use
 (:class:`mcgraph.engine.native.NativeLibrary`, 2–3 seconds, cached on disk); without a compiler
@@ -57,7 +57,7 @@ from torch.autograd.function import once_differentiable
 from .. import native
 from ..backend import backend_for, triton_noise
 from ..families import SamplingForm
-from ..log_densities import LogDensity, log_density
+from ..log_densities import LogDensity, kernel_takes_whole_term, log_density
 from ..shapes import broadcasts_to
 from .fused import transform_name, derivatives_vjp, save_derivatives
 from .sampling import stream_for
@@ -93,11 +93,6 @@ def unavailable_reason() -> str | None:
 #: Cauchy, logistic and Student-t priors 0.5–0.9× from 10⁴ to 10⁶ draws and about 1.0–1.3× from 3·10⁶; the
 #: scale mixture (two transcendental calls per draw) about 0.9–1.1× from 10⁴ to 10⁶ and 1.45× at 3·10⁶.
 MAX_ELEMENTS = 1 << 20
-
-#: ``(density, form kind)`` pairs whose log-density has no polynomial term in ``u`` (so the engine puts all of
-#: it, but its constant, in the fused tier); other pairs take the loop only under ``method="fused"``.
-WHOLLY_FUSED = frozenset({(name, kind) for name in ("Laplace", "Logistic", "Cauchy", "StudentT", "ScaleMixtureNormal")
-                          for kind in _FORMS} | {("LogUniform", "location_scale"), ("LogUniform", "scaling")})
 
 _DTYPES = (torch.float32, torch.float64)
 _Params, _Steps, _Pointers = ctypes.c_void_p * 4, ctypes.c_int64 * 4, ctypes.c_void_p * 7
@@ -154,7 +149,7 @@ def plan(form, p: Distribution, method: str) -> tuple[LogDensity, str, tuple] | 
     entry = log_density(type(base))
     if kind is None or entry is None:
         return None
-    if method != "fused" and (entry.name, kind) not in WHOLLY_FUSED:
+    if not kernel_takes_whole_term(type(base), kind, method):
         return None
     if not broadcasts_to(base.batch_shape + base.event_shape, form.shape):
         return None
