@@ -560,6 +560,9 @@ def test_explain_names_the_triton_log_density_kernel_where_it_runs(monkeypatch):
     q = D.Normal(loc, torch.full((6,), 0.5, dtype=F64, device=DEVICE))
     mixture = str(mg.explain(q, mgd.ScaleMixtureNormal(0.5, 1.0, 0.01)))  # (no closed form)
     assert "Triton kernel for ScaleMixtureNormal's log-density" in mixture
+    wrapped = mgd.ScaleMixtureNormal(0.5, torch.ones(6, dtype=F64, device=DEVICE), 0.01)
+    wrapped = str(mg.explain(D.Independent(q, 1), D.Independent(wrapped, 1)))
+    assert "Triton kernel for ScaleMixtureNormal's log-density" in wrapped  # the prior's own name, not the wrapper's
     radial = mgd.Radial(loc, torch.full((6,), 0.5, dtype=F64, device=DEVICE))
     normal = str(mg.explain(radial, D.Normal(0.0, 1.0)))
     assert "log-density (the noise drawn in registers" not in normal and "EXACT" in normal

@@ -188,9 +188,10 @@ def _describe_cross_kernel(q: Distribution, p: Distribution, method: str) -> str
     neither applies; builds nothing)."""
     if method not in ("auto", "monte-carlo", "fused"):
         return ""
-    if backend.log_prob_kernel(q, p, method) is not None:
-        return (f"fused: the Triton kernel for {type(p).__name__}'s log-density (the noise drawn in registers; "
-                f"value and gradients in one pass)")
+    triton = backend.log_prob_kernel(q, p, method)
+    if triton is not None:
+        return (f"fused: the Triton kernel for {type(triton[-1]).__name__}'s log-density (the noise drawn in "
+                f"registers; value and gradients in one pass)")
     found = cpu_fused.plan(family_of(q), p, method)
     if found is None:
         return ""

@@ -334,8 +334,9 @@ def has_noise_sums(form, keys, num_samples: int) -> bool:
 
 
 def log_prob_kernel(q, p, method: str = "fused") -> tuple | None:
-    """The fused Triton kernel's plan for ``E_q[log p(w)]``: ``(form, kind, law name, event_ndims)``, or
-    ``None`` when the kernel does not apply (builds and launches nothing).
+    """The fused Triton kernel's plan for ``E_q[log p(w)]``: ``(form, kind, law name, event_ndims, base)``
+    (``base``: ``p`` without its ``Independent`` wrappers), or ``None`` when the kernel does not apply
+    (builds and launches nothing).
 
     It applies when ``q``'s family is on the Triton backend with a Triton noise law, its transforms
     are none or one ``exp``, ``p`` (or its ``Independent`` base) has a registered Triton log-density,
@@ -345,7 +346,7 @@ def log_prob_kernel(q, p, method: str = "fused") -> tuple | None:
     ``"auto"`` takes exactly), as on the CPU.
     """
     from .families import family_of, is_exp
-    from .log_densities import kernel_takes_whole_term
+    from .log_densities import kernel_takes_whole_term, log_density
 
     form = family_of(q)
     noise = _triton_form(form)
@@ -360,11 +361,11 @@ def log_prob_kernel(q, p, method: str = "fused") -> tuple | None:
     base, _ = _kernels("fused_elementwise").unwrap_independent(p)
     if _kernels("integrands").integrand_entry(type(base)) is None:
         return None
-    if not kernel_takes_whole_term(type(base), kind, method):
+    if not kernel_takes_whole_term(log_density(type(base)), kind, method):
         return None  # the engine's plan: the polynomial terms exact ("auto") or collapsed
     if not broadcasts_to(p.batch_shape + p.event_shape, form.shape):
         return None
-    return (form, kind) + tuple(noise)
+    return (form, kind, *noise, base)
 
 
 def log_prob_expectation(q, p, num_samples: int, seed: int, *, sum_rightmost: int = 0,
@@ -377,7 +378,7 @@ def log_prob_expectation(q, p, num_samples: int, seed: int, *, sum_rightmost: in
     found = log_prob_kernel(q, p, method)
     if found is None:
         return None
-    form, kind, name, event_ndims = found
+    form, kind, name, event_ndims, _ = found
     value = _kernels("fused_elementwise").fused_log_prob_expectation(
         p, form.loc, form.scale, kind, num_samples, seed, noise=name, event_ndims=event_ndims,
         shape=form.noise_shape)

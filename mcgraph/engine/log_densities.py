@@ -105,7 +105,8 @@ def log_density(dist_type: type) -> LogDensity | None:
     return inherited_entry(LOG_DENSITIES, dist_type)
 
 
-#: The sample forms the kernels evaluate: ``w = loc + scale·ξ``, ``w = scale·ξ`` and ``w = exp(loc + scale·ξ)``.
+#: The sample forms the kernels evaluate: ``w = loc + scale·ξ``, ``w = scale·ξ`` and ``w = exp(loc + scale·ξ)``
+#: (in the order of their codes in ``csrc/cpu_fused.cpp``).
 FORM_KINDS = ("location_scale", "scaling", "exp")
 
 #: ``(density name, form kind)`` pairs whose log-density has no polynomial term in the noise, so that the
@@ -117,10 +118,9 @@ WHOLLY_FUSED = frozenset({(name, kind) for name in ("Laplace", "Logistic", "Cauc
                           for kind in FORM_KINDS} | {("LogUniform", "location_scale"), ("LogUniform", "scaling")})
 
 
-def kernel_takes_whole_term(dist_type: type, kind: str, method: str) -> bool:
-    """Whether a kernel computes the whole ``E_q[log p]`` for a prior of ``dist_type`` and a sample form of
-    ``kind`` under ``method`` (see :data:`WHOLLY_FUSED`)."""
+def kernel_takes_whole_term(entry: LogDensity | None, kind: str, method: str) -> bool:
+    """Whether a kernel computes the whole ``E_q[log p]`` for a prior whose :func:`log_density` is ``entry``
+    (``None``: none registered) and a sample form of ``kind`` under ``method`` (see :data:`WHOLLY_FUSED`)."""
     if method == "fused":
         return True
-    entry = log_density(dist_type)
     return entry is not None and (entry.name, kind) in WHOLLY_FUSED

@@ -57,14 +57,14 @@ from torch.autograd.function import once_differentiable
 from .. import native
 from ..backend import backend_for, triton_noise
 from ..families import SamplingForm
-from ..log_densities import LogDensity, kernel_takes_whole_term, log_density
+from ..log_densities import FORM_KINDS, LogDensity, kernel_takes_whole_term, log_density
 from ..shapes import broadcasts_to
 from .fused import transform_name, derivatives_vjp, save_derivatives
 from .sampling import stream_for
 
 _SOURCE = pathlib.Path(__file__).parents[1] / "csrc" / "cpu_fused.cpp"
 _ABI = 5
-_FORMS = {"location_scale": 0, "scaling": 1, "exp": 2}
+_FORMS = {kind: code for code, kind in enumerate(FORM_KINDS)}  # the loop's form codes
 
 
 def _declare(lib) -> None:
@@ -149,7 +149,7 @@ def plan(form, p: Distribution, method: str) -> tuple[LogDensity, str, tuple] | 
     entry = log_density(type(base))
     if kind is None or entry is None:
         return None
-    if not kernel_takes_whole_term(type(base), kind, method):
+    if not kernel_takes_whole_term(entry, kind, method):
         return None
     if not broadcasts_to(base.batch_shape + base.event_shape, form.shape):
         return None
