@@ -128,8 +128,8 @@ def _data(s: dict, seed: int):
     return load_dataset(s["dataset"], seed=seed)
 
 
-def _epoch_runner(arm: str, s: dict, ds, seed: int):
-    """``(model, optimizer, generator, run_epoch)`` of one arm; ``run_epoch(e)`` trains epoch ``e`` in place."""
+def _stepper(arm: str, s: dict, ds, seed: int):
+    """``(model, optimizer, step)`` of one arm; ``step(xb, yb)`` takes one training step on a batch."""
     import mcgraph.nn as mnn
     from mcgraph.optim import VOGN
 
@@ -149,6 +149,30 @@ def _epoch_runner(arm: str, s: dict, ds, seed: int):
         opt = IVON(model, ess=n, seed=seed, **h)
     else:
         opt = torch.optim.Adam(model.parameters(), lr=h["lr"])
+
+    def step(xb: torch.Tensor, yb: torch.Tensor) -> None:
+        def closure():
+            opt.zero_grad()
+            if arm == "bbb":
+                loss = -mnn.elbo(model, xb, yb, num_samples=1, dataset_size=n)
+            else:
+                loss = F.cross_entropy(model(xb), yb)
+            loss.backward()
+            return loss
+
+        if arm in ("vogn", "ivon"):  # each runs its weight samples through the closure
+            opt.step(closure)
+        else:
+            closure()
+            opt.step()
+
+    return model, opt, step
+
+
+def _epoch_runner(arm: str, s: dict, ds, seed: int):
+    """``(model, optimizer, generator, run_epoch)`` of one arm; ``run_epoch(e)`` trains epoch ``e`` in place."""
+    model, opt, step = _stepper(arm, s, ds, seed)
+    n = ds.x_train.shape[0]
     gen = torch.Generator().manual_seed(seed)
     x, y = ds.x_train, ds.y_train
 
@@ -157,22 +181,7 @@ def _epoch_runner(arm: str, s: dict, ds, seed: int):
         perm = torch.randperm(n, generator=gen)
         for b in range(0, n, s["batch"]):
             idx = perm[b:b + s["batch"]]
-            xb, yb = x[idx], y[idx]
-
-            def closure():
-                opt.zero_grad()
-                if arm == "bbb":
-                    loss = -mnn.elbo(model, xb, yb, num_samples=1, dataset_size=n)
-                else:
-                    loss = F.cross_entropy(model(xb), yb)
-                loss.backward()
-                return loss
-
-            if arm in ("vogn", "ivon"):  # each runs its weight samples through the closure
-                opt.step(closure)
-            else:
-                closure()
-                opt.step()
+            step(x[idx], y[idx])
 
     return model, opt, gen, run_epoch
 
