@@ -138,9 +138,10 @@ def step_times(s: dict, seed: int = 0, arms=ARMS, reps: int = TIMING_REPS) -> di
                 steps[arm](xb, yb)
                 cpu[arm].append(time.thread_time() - c0)
                 wall[arm].append(time.perf_counter() - w0)
+        env = environment()  # (on the timing's one thread)
     finally:
         torch.set_num_threads(threads)
-    return {"reps": reps, "threads": 1, "batch": int(xb.shape[0]), "env": environment(),
+    return {"reps": reps, "threads": 1, "batch": int(xb.shape[0]), "env": env,
             "arms": {arm: {"cpu_ms": 1e3 * statistics.median(cpu[arm]), "wall_ms": 1e3 * statistics.median(wall[arm])}
                      for arm in steps}}
 
