@@ -277,6 +277,37 @@ def test_posterior_and_posterior_model():
     assert isinstance(opt_p.posterior_model(net), nn.Module)
 
 
+def test_posterior_model_of_a_sequence_model_samples_its_lstm_and_keeps_its_embedding():
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.lstm, self.head = nn.Embedding(9, 4), nn.LSTM(4, 6, batch_first=True), nn.Linear(6, 3)
+
+        def forward(self, tokens):
+            return self.head(self.lstm(self.emb(tokens))[0][:, -1])
+
+    net = Net()
+    tokens, y = torch.randint(0, 9, (8, 5)), torch.randint(0, 3, (8,))
+    opt = IVON(net, lr=0.1, ess=100, seed=0)
+    for _ in range(2):
+        with opt.sampled_params(train=True):
+            opt.zero_grad()
+            F.cross_entropy(net(tokens), y).backward()
+        opt.step()
+    q = opt.posterior
+    bnn = opt.posterior_model()
+    assert isinstance(bnn.lstm, mg.nn.BayesLSTM) and isinstance(bnn.emb, nn.Embedding)
+    torch.testing.assert_close(bnn.lstm.hh_l0.weight_sigma, q["lstm.weight_hh_l0"].scale)
+    torch.testing.assert_close(bnn.lstm.ih_l0.bias_mu, q["lstm.bias_ih_l0"].loc)
+    torch.testing.assert_close(bnn.emb.weight, net.emb.weight)  # embeddings keep their mean
+    with mg.nn.frozen(bnn):
+        torch.testing.assert_close(bnn(tokens), net(tokens))
+    # the LSTM's predictions vary with its weight samples
+    assert not torch.equal(*(mg.nn.predict(bnn, tokens, num_samples=1, seed=s) for s in (0, 1)))
+
+
 def test_parameters_on_several_groups_and_a_parameter_without_gradient():
     x, y = _data()
     net = _net()

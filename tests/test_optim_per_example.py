@@ -161,3 +161,96 @@ def test_different_batch_sizes_are_refused():
     with pytest.raises(ValueError, match="different batch sizes"):
         with SquaredGradients(model):
             (a(torch.randn(4, 3)).sum() + b(torch.randn(5, 3)).sum()).backward()
+
+
+class _SequenceNet(nn.Module):
+    """An LSTM read by a linear head: through its last output, its mean output, h_n or c_n; optionally started
+    from a state computed from each example's first step (passed positionally or as ``hx=``)."""
+
+    def __init__(self, lstm: nn.LSTM, read: str = "last", state: str | None = None):
+        super().__init__()
+        self.lstm, self.read, self.state = lstm, read, state
+        dirs = 2 if lstm.bidirectional else 1
+        width = lstm.hidden_size * (dirs if read in ("last", "mean") else 1)
+        self.head = nn.Linear(width, 3)
+        self.init = nn.Linear(lstm.input_size, 2 * lstm.num_layers * dirs * lstm.hidden_size) if state else None
+
+    def forward(self, x):  # x: (n, T, F)
+        seq = x if self.lstm.batch_first else x.transpose(0, 1)
+        args, kwargs = (seq,), {}
+        if self.state:
+            n, dirs = x.shape[0], 2 if self.lstm.bidirectional else 1
+            hc = torch.tanh(self.init(x[:, 0])).reshape(n, 2, self.lstm.num_layers * dirs, self.lstm.hidden_size)
+            hx = (hc[:, 0].transpose(0, 1).contiguous(), hc[:, 1].transpose(0, 1).contiguous())
+            if self.state == "kwarg":
+                kwargs["hx"] = hx
+            else:
+                args += (hx,)
+        out, (h, c) = self.lstm(*args, **kwargs)
+        if not self.lstm.batch_first:
+            out = out.transpose(0, 1)
+        if self.read == "last":
+            return self.head(out[:, -1])
+        if self.read == "mean":
+            return self.head(out.mean(1))
+        return self.head((h if self.read == "h_n" else c)[-1])
+
+
+@pytest.mark.parametrize("layers, bidirectional, batch_first, bias, read, state", [
+    (1, False, True, True, "last", None),
+    (2, False, True, True, "mean", None),
+    (2, True, True, True, "mean", None),
+    (1, True, False, True, "mean", "positional"),
+    (1, False, False, True, "h_n", "positional"),
+    (2, False, False, False, "c_n", "kwarg"),
+    (2, True, False, True, "mean", "kwarg"),
+])
+def test_lstm_matches_the_batch_size_one_loop(layers, bidirectional, batch_first, bias, read, state):
+    torch.manual_seed(0)
+    lstm = nn.LSTM(4, 5, num_layers=layers, bidirectional=bidirectional, batch_first=batch_first, bias=bias)
+    x, y = torch.randn(6, 7, 4), torch.randint(0, 3, (6,))
+    _assert_matches_loop(_SequenceNet(lstm, read, state), x, y)
+
+
+def test_lstm_called_twice_sums_its_shares_before_squaring():
+    torch.manual_seed(1)
+    lstm = nn.LSTM(3, 4, batch_first=True)
+    head = nn.Linear(4, 2)
+
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm, self.head = lstm, head
+
+        def forward(self, x):
+            a, _ = self.lstm(x)
+            b, _ = self.lstm(x.flip(1))
+            return self.head(a[:, -1] + b[:, -1])
+
+    _assert_matches_loop(Twice(), torch.randn(5, 6, 3), torch.randint(0, 2, (5,)))
+
+
+def test_lstm_with_dropout_matches_the_loop_in_eval_mode_and_is_refused_in_training():
+    torch.manual_seed(2)
+    net = _SequenceNet(nn.LSTM(3, 4, num_layers=2, dropout=0.3, batch_first=True)).double()
+    x, y = torch.randn(5, 6, 3, dtype=torch.float64), torch.randint(0, 3, (5,))
+    with pytest.raises(ValueError, match="dropout"):
+        with SquaredGradients(net):
+            _ce(net(x), y).backward()
+    net.eval()
+    _assert_matches_loop(net, x, y)
+
+
+def test_lstm_inputs_it_cannot_take_are_refused_by_name():
+    lstm = nn.LSTM(3, 4, batch_first=True)
+    with pytest.raises(ValueError, match="unbatched"):
+        with SquaredGradients(lstm):
+            lstm(torch.randn(6, 3))[0].sum().backward()
+    packed = nn.utils.rnn.pack_padded_sequence(torch.randn(2, 5, 3), [5, 3], batch_first=True)
+    with pytest.raises(TypeError, match="PackedSequence"):
+        with SquaredGradients(lstm):
+            lstm(packed)
+    projected = nn.LSTM(3, 4, proj_size=2, batch_first=True)
+    with pytest.raises(ValueError, match="proj_size"):
+        with SquaredGradients(projected):
+            projected(torch.randn(2, 5, 3))

@@ -573,3 +573,86 @@ def test_default_chunk_size_fits_the_device_budget():
     assert bs.CUDA_CHUNK_ELEMENTS // peer > bs.CHUNK_ELEMENTS // peer
     assert bs.default_chunk_size(3, 10 * bs.CUDA_CHUNK_ELEMENTS, "cuda") == 1  # at least one sample
     assert bs.default_chunk_size(5, 0) == 5
+
+
+class _Tagger(nn.Module):
+    """An embedding, an LSTM and a linear head: the parameters a sequence model's optimiser sees."""
+
+    def __init__(self, bidirectional: bool = False):
+        super().__init__()
+        self.emb = nn.Embedding(7, 4)
+        self.lstm = nn.LSTM(4, 5, num_layers=2, batch_first=True, bidirectional=bidirectional)
+        self.head = nn.Linear(5 * (2 if bidirectional else 1), 3)
+
+    def forward(self, tokens):
+        out, _ = self.lstm(self.emb(tokens))
+        return self.head(out[:, -1])
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_vogn_trains_an_lstm_and_its_posterior_model_samples_the_lstm_with_the_posterior_spread(bidirectional):
+    torch.manual_seed(0)
+    model = _Tagger(bidirectional).double()
+    model.emb.weight.requires_grad_(False)  # VOGN has no per-example rule for embeddings: frozen here
+    tokens, y = torch.randint(0, 7, (16, 6)), torch.randint(0, 3, (16,))
+    opt = VOGN(model, 100, lr=1e-2, num_mc_samples=2, seed=0)
+    for _ in range(3):
+        opt.step(_closure(opt, model, tokens, y))
+    q = opt.posterior
+    assert {n for n in q if n.startswith("lstm.")} == {f"lstm.{n}" for n in model.lstm._flat_weights_names}
+    bnn = opt.posterior_model()
+    lstm = bnn.lstm
+    assert isinstance(lstm, mg.nn.BayesLSTM) and isinstance(bnn.emb, nn.Embedding)
+    torch.testing.assert_close(bnn.emb.weight, model.emb.weight)  # not in the posterior: its trained values
+    for name in model.lstm._flat_weights_names:  # weight_ih_l0 -> site ih_l0's weight, …
+        leaf, _, site = name.partition("_")
+        layer = getattr(lstm, site)
+        torch.testing.assert_close(getattr(layer, f"{leaf}_mu"), q[f"lstm.{name}"].loc)
+        torch.testing.assert_close(getattr(layer, f"{leaf}_sigma"), q[f"lstm.{name}"].scale)
+    with mg.nn.frozen(bnn):  # the posterior means: the trained network itself
+        torch.testing.assert_close(bnn(tokens), model(tokens))
+    probs = mg.nn.predict(bnn, tokens, num_samples=8, seed=0)
+    assert torch.allclose(probs.sum(-1), torch.ones(16, dtype=probs.dtype))
+
+
+def test_posterior_model_keeps_every_module_the_posterior_does_not_reach():
+    torch.manual_seed(1)
+    model = _Tagger()
+    head_only = {n: torch.distributions.Normal(p.detach(), torch.full_like(p, 0.1))
+                 for n, p in model.named_parameters() if n.startswith("head.")}
+    bnn = mg.optim.posterior_model(model, head_only)
+    # the embedding and the LSTM are not in the posterior: kept as they are, never sampled with a default σ
+    assert isinstance(bnn.emb, nn.Embedding) and isinstance(bnn.lstm, nn.LSTM)
+    assert [type(m).__name__ for m in mg.nn.bayesian_modules(bnn)] == ["BayesLinear"]
+    partial = {"lstm.weight_ih_l0": torch.distributions.Normal(model.lstm.weight_ih_l0.detach(), 0.2)}
+    bnn = mg.optim.posterior_model(model, partial)
+    torch.testing.assert_close(bnn.lstm.ih_l0.weight_sigma, torch.full((20, 4), 0.2))
+    # the LSTM's other parameters keep their values: σ is the smallest normal number
+    assert float(bnn.lstm.hh_l0.weight_sigma.max()) <= torch.finfo(torch.float32).tiny * 1.01
+    torch.testing.assert_close(bnn.lstm.hh_l1.bias_mu, model.lstm.bias_hh_l1)
+    with pytest.raises(ValueError, match="emb.weight"):
+        mg.optim.posterior_model(model, {"emb.weight": torch.distributions.Normal(model.emb.weight.detach(), 0.1)})
+
+
+def test_vogn_refuses_an_lstm_with_dropout_in_training_and_steps_it_in_eval_mode():
+    torch.manual_seed(2)
+    lstm = nn.LSTM(3, 4, num_layers=2, dropout=0.5, batch_first=True)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm, self.head = lstm, nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.head(self.lstm(x)[0][:, -1])
+
+    model = Net()
+    x, y = torch.randn(8, 5, 3), torch.randint(0, 2, (8,))
+    opt = VOGN(model, 50, seed=0)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match="dropout"):
+        opt.step(_closure(opt, model, x, y))
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))  # nothing written
+    model.eval()
+    opt.step(_closure(opt, model, x, y))
+    assert not all(torch.equal(a, p) for a, p in zip(before, model.parameters()))

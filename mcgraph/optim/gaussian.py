@@ -31,7 +31,7 @@ seed and K):
   (never from who draws it), the step equals the one-process step up to float rounding.
 
 Supported layers are those with a per-example rule (:mod:`mcgraph.optim.per_example`):
-``Linear``, ``Conv1d/2d/3d`` (weights and biases sampled) and ``BatchNorm1d/2d/3d``
+``Linear``, ``Conv1d/2d/3d``, ``LSTM`` (weights and biases sampled) and ``BatchNorm1d/2d/3d``
 (deterministic: never sampled, without prior unless ``batchnorm_prior=True``, as the
 seed's ResNet configurations). Any other module that owns trainable parameters, including
 the Bayesian layers of :mod:`mcgraph.nn`, is refused with a ``TypeError`` naming it.
@@ -54,7 +54,7 @@ from ._state import CountedOptimizer
 from .per_example import RULES, SquaredGradients, rule_for
 from .seeded_noise import fill_normal
 
-__all__ = ["GaussianVariationalOptimizer", "check_model", "posterior_model"]
+__all__ = ["GaussianVariationalOptimizer", "check_model", "posterior_model", "posterior_sites"]
 
 LOSS_REDUCTIONS = ("mean", "sum")
 
@@ -393,20 +393,48 @@ class GaussianVariationalOptimizer(CountedOptimizer):
         return values.pop() if len(values) == 1 else None
 
 
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def posterior_sites(model: nn.Module) -> dict[str, tuple[str, str]]:
+    """``{parameter name: (Bayesian module name, "weight" or "bias")}`` for every parameter
+    :func:`posterior_model` can sample: the weights and biases of ``Linear`` and ``Conv1d/2d/3d`` layers and
+    of ``LSTM`` / ``GRU`` / ``RNN`` modules (whose ``weight_ih_l0`` is the weight of the site ``ih_l0`` of
+    :class:`mcgraph.nn.BayesLSTM`, ``bias_hh_l1_reverse`` the bias of ``hh_l1_reverse``, …)."""
+    out = {}
+    for name, m in model.named_modules():
+        if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd)) and not isinstance(m, nn.modules.conv._ConvTransposeNd):
+            for leaf in ("weight", "bias"):
+                if getattr(m, leaf, None) is not None:
+                    out[_join(name, leaf)] = (name, leaf)
+        elif isinstance(m, nn.RNNBase) and type(m) in (nn.LSTM, nn.GRU, nn.RNN):
+            for flat in m._flat_weights_names:
+                leaf, _, site = flat.partition("_")  # weight_ih_l0 -> ("weight", "ih_l0")
+                out[_join(name, flat)] = (_join(name, site), leaf)
+    return out
+
+
 def posterior_model(model: nn.Module, posterior: dict[str, Normal], *, prior_precision: float | None = None,
                     ) -> nn.Module:
-    """A copy of ``model`` whose ``Linear``/``Conv`` layers sample ``w ~ posterior``.
+    """A copy of ``model`` whose layers with parameters in ``posterior`` sample ``w ~ posterior``.
 
-    Each layer whose weight is in ``posterior`` becomes the matching :mod:`mcgraph.nn`
-    Bayesian layer (:func:`mcgraph.nn.bayesify`, Normal posterior, ``scale_transform="exp"``
-    so ``ρ = log σ`` holds σ exactly, a Bayesian bias where the bias is in ``posterior``);
-    everything else (BatchNorm, a layer left out) keeps its trained values. The prior of the
-    Bayesian layers is ``N(0, 1/prior_precision)`` (used by :func:`mcgraph.nn.kl` only).
+    Each ``Linear``/``Conv`` layer and ``LSTM``/``GRU``/``RNN`` module with a parameter in ``posterior``
+    becomes the matching :mod:`mcgraph.nn` Bayesian layer (:func:`mcgraph.nn.bayesify`, Normal posterior,
+    ``scale_transform="exp"`` so ``ρ = log σ`` holds σ exactly, a Bayesian bias where the bias is in
+    ``posterior``); a parameter of such a layer left out of ``posterior`` keeps its value (σ the smallest
+    normal number), and every other module (BatchNorm, embeddings, attention, a layer with nothing in
+    ``posterior``) keeps its trained values. The prior of the Bayesian layers is ``N(0, 1/prior_precision)``
+    (used by :func:`mcgraph.nn.kl` only).
 
     Args:
         model: the network the posterior belongs to (its parameter names key ``posterior``).
         posterior: ``{parameter name: Normal(μ, σ)}`` (e.g. ``VOGN.posterior``).
         prior_precision: δ of the prior (default 1).
+
+    Raises:
+        ValueError: a name of ``posterior`` is not a parameter of ``model``, is one no Bayesian layer samples
+            (:func:`posterior_sites`), or its shape is not the parameter's.
 
     Example:
         >>> import torch, mcgraph as mg
@@ -420,6 +448,7 @@ def posterior_model(model: nn.Module, posterior: dict[str, Normal], *, prior_pre
     import functools
 
     from .. import nn as mnn
+    from ..nn.bayesify import _target
 
     if not isinstance(posterior, dict):
         raise TypeError(f"posterior must be a dict of parameter name -> Normal, got {type(posterior).__name__}")
@@ -427,35 +456,32 @@ def posterior_model(model: nn.Module, posterior: dict[str, Normal], *, prior_pre
     unknown = sorted(set(posterior) - set(named))
     if unknown:
         raise ValueError(f"posterior: no parameters named {unknown} in the model")
+    sites = posterior_sites(model)
+    bad = sorted(set(posterior) - set(sites))
+    if bad:
+        raise ValueError(f"posterior: {bad} are not weights or biases of Linear/Conv1d/2d/3d layers or "
+                         "LSTM/GRU/RNN modules")
     delta = 1.0 if prior_precision is None else positive_real("prior_precision", prior_precision)
-    convertible = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
-    skip = tuple(name for name, m in model.named_modules()
-                 if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd)) and f"{name}.weight" not in posterior)
+    owners = {n.rpartition(".")[0] for n in posterior}  # the modules holding a parameter of the posterior
+    # every module bayesify would convert and the posterior does not reach keeps its trained values
+    skip = tuple(name for name, m in model.named_modules() if _target(m) is not None and name not in owners)
     prior = functools.partial(mnn.PRIORS["normal"], scale=delta ** -0.5)
     bnn = mnn.bayesify(model, posterior="normal", prior=prior, scale_transform="exp", bayesian_bias=True,
                        init_from_weights=True, skip=skip)
     modules = dict(bnn.named_modules())
     with torch.no_grad():
-        for name, m in model.named_modules():
-            layer = modules.get(name)
-            if not isinstance(m, convertible) or not isinstance(layer, mnn.BayesLayer):
+        for pname, (site, leaf) in sites.items():
+            if pname.rpartition(".")[0] not in owners:
                 continue
-            for leaf in ("weight", "bias"):
-                if getattr(m, leaf, None) is None:
-                    continue
-                mu, rho = getattr(layer, f"{leaf}_mu"), getattr(layer, f"{leaf}_rho")
-                q = posterior.get(f"{name}.{leaf}")
-                if q is None:  # a bias left out of the posterior stays at its value (σ = the smallest normal)
-                    rho.fill_(math.log(torch.finfo(rho.dtype).tiny))
-                    continue
-                if tuple(q.loc.shape) != tuple(mu.shape):
-                    raise ValueError(f"posterior: {name}.{leaf} has shape {tuple(q.loc.shape)}, the parameter "
-                                     f"{tuple(mu.shape)}")
-                mu.copy_(q.loc)
-                rho.copy_(q.scale.clamp_min(torch.finfo(q.scale.dtype).tiny).log())
-    bad = sorted(n for n in posterior if n.rpartition(".")[0] not in modules
-                 or not isinstance(modules[n.rpartition(".")[0]], mnn.BayesLayer)
-                 or n.rpartition(".")[2] not in ("weight", "bias"))
-    if bad:
-        raise ValueError(f"posterior: {bad} are not weights or biases of Linear/Conv1d/2d/3d layers")
+            layer = modules[site]
+            mu, rho = getattr(layer, f"{leaf}_mu"), getattr(layer, f"{leaf}_rho")
+            q = posterior.get(pname)
+            if q is None:  # a parameter left out of the posterior stays at its value (σ = the smallest normal)
+                rho.fill_(math.log(torch.finfo(rho.dtype).tiny))
+                continue
+            if tuple(q.loc.shape) != tuple(mu.shape):
+                raise ValueError(f"posterior: {pname} has shape {tuple(q.loc.shape)}, the parameter "
+                                 f"{tuple(mu.shape)}")
+            mu.copy_(q.loc)
+            rho.copy_(q.scale.clamp_min(torch.finfo(q.scale.dtype).tiny).log())
     return bnn

@@ -865,11 +865,12 @@ class IVON(CountedOptimizer):
         return out
 
     def posterior_model(self, model: nn.Module | None = None) -> nn.Module:
-        """A copy of the network whose ``Linear``/``Conv`` layers sample from the learned posterior.
+        """A copy of the network whose ``Linear``/``Conv`` layers and ``LSTM``/``GRU``/``RNN`` modules sample
+        from the learned posterior.
 
         It plugs into :func:`mcgraph.nn.predict` and the metrics unchanged (as
-        :meth:`mcgraph.optim.VOGN.posterior_model`); other parameters (BatchNorm, embeddings) keep
-        their mean. The prior of the Bayesian layers is ``N(0, 1/(λδ))``.
+        :meth:`mcgraph.optim.VOGN.posterior_model`); other parameters (BatchNorm, embeddings, attention)
+        keep their mean. The prior of the Bayesian layers is ``N(0, 1/(λδ))``.
 
         Args:
             model: the network these parameters belong to (default: the one given to the constructor).
@@ -877,18 +878,17 @@ class IVON(CountedOptimizer):
         Raises:
             ValueError: no model is known.
         """
-        from .gaussian import posterior_model
+        from .gaussian import posterior_model, posterior_sites
 
         model = model if model is not None else self.model
         if model is None:
             raise ValueError("model: IVON was built from parameters, not a module; pass the network "
                              "(opt.posterior_model(model))")
-        convertible = {f"{n}.{leaf}" for n, m in model.named_modules()
-                       if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd)) and not isinstance(
-                           m, nn.modules.conv._ConvTransposeNd) for leaf in ("weight", "bias")}
+        convertible = posterior_sites(model)
         q = {k: v for k, v in self.posterior_of(model).items() if k in convertible}
         if not q:
-            raise ValueError("model: none of IVON's parameters is a weight or bias of a Linear/Conv layer of it")
+            raise ValueError("model: none of IVON's parameters is a weight or bias of a Linear/Conv layer or an "
+                             "LSTM/GRU/RNN module of it")
         deltas = {g["ess"] * g["weight_decay"] for g in self.param_groups}
         delta = deltas.pop() if len(deltas) == 1 else None
         return posterior_model(model, q, prior_precision=delta if delta else None)

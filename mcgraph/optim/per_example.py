@@ -23,6 +23,10 @@ Per layer (``p_i`` exactly, every formula checked against a batch-size-1 autogra
   :data:`CHUNK_ELEMENTS`; the bias share is ``Σ_spatial b_i`` (exact, squared after the sum).
 * ``BatchNorm1d/2d/3d`` (affine): ``p_γ,i = Σ_spatial x̂_i b_i``, ``p_β,i = Σ_spatial b_i``
   with ``x̂`` recomputed from the input with the statistics the layer used.
+* ``LSTM`` (padded input, any number of layers, either direction, ``batch_first`` or not, an initial
+  state): the layer recomputed unrolled over time from its recorded input, and the recorded gradients
+  of ``output``, ``h_n`` and ``c_n`` back-propagated through it once; with the gates' gradients ``δG``,
+  ``p_i(W_ih) = Σ_t δG_it x_itᵀ``, ``p_i(W_hh) = Σ_t δG_it h_i,t-1ᵀ`` (:class:`LSTMRule`).
 
 In a network that normalises with batch statistics (BatchNorm in training mode) the
 examples interact, so ``p_i`` is example ``i``'s term of the batch gradient (as in
@@ -30,7 +34,8 @@ torchsso and BackPACK), not the gradient of ``ℓ_i`` alone.
 
 A layer called several times in one forward (shared weights) has its shares summed
 over the calls before squaring. Every supported layer's input must have the batch on
-dim 0, and one closure must run exactly one forward and one backward.
+dim 0 (an LSTM's on dim 1 when it is not ``batch_first``), and one closure must run exactly one
+forward and one backward.
 
 Extending: one rule class plus :func:`register_rule`; the most specific class wins.
 
@@ -72,6 +77,22 @@ class PerExampleRule:
 
     def prepare(self, module: nn.Module, a: torch.Tensor) -> torch.Tensor:
         return a.detach()
+
+    def prepare_call(self, module: nn.Module, args: tuple, kwargs: dict):
+        """What the rule keeps of one call (default: :meth:`prepare` of the first positional input)."""
+        return self.prepare(module, args[0])
+
+    def outputs(self, module: nn.Module, output) -> list[torch.Tensor]:
+        """The output tensors whose gradients the rule reads (default: the output, when it is one tensor)."""
+        return [output] if isinstance(output, torch.Tensor) else []
+
+    def output_gradients(self, module: nn.Module, grads: list[torch.Tensor]):
+        """``b`` for :meth:`per_example` from the gradients of :meth:`outputs` (zeros where none reached one)."""
+        return grads[0]
+
+    def batch_size(self, a) -> int:
+        """The number of examples of a prepared call."""
+        return int(a.shape[0])
 
     def per_example(self, module: nn.Module, a: torch.Tensor, b: torch.Tensor) -> dict[str, torch.Tensor]:
         """``{param name: (n, *param.shape)}`` shares ``p_i`` of the call with input ``a``, output grad ``b``."""
@@ -218,6 +239,137 @@ class BatchNormRule(PerExampleRule):
         return out
 
 
+@register_rule(nn.LSTM)
+class LSTMRule(PerExampleRule):
+    """Per-example gradients of an ``nn.LSTM`` from its gates' gradients, recomputed step by step.
+
+    torch's LSTM is one fused operator, so the hooks see only its input and its outputs' gradients. The
+    rule recomputes the layer unrolled over time (the same cell equations, the gates
+    ``G_t = W_ih x_t + b_ih + W_hh h_{t-1} + b_hh`` of every layer and direction) and back-propagates the
+    recorded gradients of ``output``, ``h_n`` and ``c_n`` through it in one batched backward. The examples
+    do not interact, so the gates' gradients ``δG`` are per example, and
+
+    .. math::
+        p_i(W_{ih}) = \\sum_t δG_{it} x_{it}^\\top, \\quad p_i(W_{hh}) = \\sum_t δG_{it} h_{i,t-1}^\\top, \\quad
+        p_i(b_{ih}) = p_i(b_{hh}) = \\sum_t δG_{it}
+
+    (the linear layer's identity with time as the extra axis). Exact up to float rounding: the recomputed
+    forward is torch's to rounding, not bit for bit. Takes batched padded input, either ``batch_first``,
+    several layers, both directions and an initial state; refuses a ``PackedSequence``, unbatched
+    input, ``proj_size > 0`` and dropout between layers in training mode (the masks the forward drew
+    cannot be recomputed).
+    """
+
+    def prepare_call(self, module, args, kwargs):
+        x = args[0]
+        hx = args[1] if len(args) > 1 else kwargs.get("hx")
+        where = f"nn.LSTM({module.input_size}, {module.hidden_size})"
+        if x.dim() != 3:  # (a PackedSequence is refused by outputs)
+            raise ValueError(f"model: {where} got unbatched input of shape {tuple(x.shape)}; per-example "
+                             "gradients need a batch")
+        if module.proj_size:
+            raise ValueError(f"model: {where} has proj_size={module.proj_size}; per-example gradients of an "
+                             "LSTM with projections are not supported")
+        if module.training and module.dropout > 0 and module.num_layers > 1:
+            raise ValueError(f"model: {where} applies dropout={module.dropout} between its layers in training "
+                             "mode; its per-example gradients would need the dropout masks the forward drew. Use "
+                             "dropout=0, or put nn.Dropout between separate LSTM modules")
+        x = x.detach() if module.batch_first else x.detach().transpose(0, 1)
+        h0 = c0 = None
+        if hx is not None:
+            h0, c0 = hx[0].detach(), hx[1].detach()
+        return x, h0, c0
+
+    def outputs(self, module, output):
+        out, (h, c) = output
+        if isinstance(out, nn.utils.rnn.PackedSequence):
+            raise TypeError(f"model: nn.LSTM({module.input_size}, {module.hidden_size}) got a PackedSequence; "
+                            "per-example gradients of an LSTM take padded (batch, time, features) tensors")
+        return [out, h, c]
+
+    def output_gradients(self, module, grads):
+        g_out, g_h, g_c = grads
+        return (g_out if module.batch_first else g_out.transpose(0, 1)), g_h, g_c
+
+    def batch_size(self, a) -> int:
+        return int(a[0].shape[0])
+
+    def _gate_gradients(self, module, a, b) -> list:
+        """``[(layer, direction, δG, inputs, previous h)]``, each ``(n, T, ·)``, for the recorded call."""
+        x, h0, c0 = a
+        g_out, g_h, g_c = b
+        n, steps = x.shape[0], x.shape[1]
+        dirs = 2 if module.bidirectional else 1
+        hidden = module.hidden_size
+        if h0 is None:
+            h0 = c0 = x.new_zeros(module.num_layers * dirs, n, hidden)
+        gates, kept, finals_h, finals_c = [], [], [], []
+        with torch.enable_grad():
+            # roots that require gradients, so that every gate is a node of the graph (the weights are constants)
+            layer_in, h0, c0 = (t.detach().requires_grad_() for t in (x, h0, c0))
+            for layer in range(module.num_layers):
+                outs = []
+                for d in range(dirs):
+                    sfx = f"_l{layer}" + ("_reverse" if d else "")
+                    w_ih = getattr(module, "weight_ih" + sfx).detach()
+                    w_hh = getattr(module, "weight_hh" + sfx).detach()
+                    bias = (getattr(module, "bias_ih" + sfx) + getattr(module, "bias_hh" + sfx)).detach() \
+                        if module.bias else None
+                    proj = F.linear(layer_in, w_ih, bias)  # (n, T, 4H): the input's part of every step's gates
+                    h, c = h0[layer * dirs + d], c0[layer * dirs + d]
+                    order = range(steps - 1, -1, -1) if d else range(steps)
+                    step_gates, prev, hs = [], [], [None] * steps
+                    for t in order:
+                        g = proj[:, t] + F.linear(h, w_hh)
+                        step_gates.append(g)
+                        prev.append(h)
+                        i, f, cell, o = g.chunk(4, 1)
+                        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(cell)
+                        h = torch.sigmoid(o) * torch.tanh(c)
+                        hs[t] = h
+                    outs.append(torch.stack(hs, 1))
+                    finals_h.append(h)
+                    finals_c.append(c)
+                    gates.append(step_gates)
+                    kept.append((layer, d, layer_in, prev, order))
+                layer_in = torch.cat(outs, -1) if dirs > 1 else outs[0]
+            flat = [g for step_gates in gates for g in step_gates]
+            deltas = torch.autograd.grad([layer_in, torch.stack(finals_h), torch.stack(finals_c)], flat,
+                                         [g_out, g_h, g_c], allow_unused=True)
+        out, k = [], 0
+        for (layer, d, inputs, prev, order), step_gates in zip(kept, gates):
+            ds = [torch.zeros_like(g) if dg is None else dg for g, dg in zip(step_gates, deltas[k:k + len(step_gates)])]
+            k += len(step_gates)
+            idx = list(order)
+            out.append((layer, d, torch.stack(ds, 1), inputs.detach()[:, idx], torch.stack(prev, 1).detach()))
+        return out
+
+    def per_example(self, module, a, b):
+        shares = {}
+        for layer, d, dg, inputs, prev in self._gate_gradients(module, a, b):
+            sfx = f"_l{layer}" + ("_reverse" if d else "")
+            shares["weight_ih" + sfx] = torch.einsum("ntg,nti->ngi", dg, inputs)
+            shares["weight_hh" + sfx] = torch.einsum("ntg,nth->ngh", dg, prev)
+            if module.bias:
+                shares["bias_ih" + sfx] = shares["bias_hh" + sfx] = dg.sum(1)
+        return shares
+
+    def squared_sum(self, module, a, b):
+        out = {}
+        for layer, d, dg, inputs, prev in self._gate_gradients(module, a, b):
+            sfx = f"_l{layer}" + ("_reverse" if d else "")
+            for name, x in (("weight_ih", inputs), ("weight_hh", prev)):
+                total = None
+                for start, stop in _chunks(dg.shape[0], dg.shape[2] * x.shape[2]):
+                    part = torch.einsum("ntg,nti->ngi", dg[start:stop], x[start:stop]).square().sum(0)
+                    total = part if total is None else total + part
+                out[name + sfx] = total
+            if module.bias:
+                out["bias_ih" + sfx] = dg.sum(1).square().sum(0)
+                out["bias_hh" + sfx] = out["bias_ih" + sfx].clone()
+        return out
+
+
 class SquaredGradients:
     """Context manager: ``Σ_i p_i²`` of every supported layer's parameters over one backward.
 
@@ -254,7 +406,7 @@ class SquaredGradients:
     def __enter__(self) -> "SquaredGradients":
         self._calls = {id(m): [] for m in self.modules}
         for m in self.modules:
-            self._handles.append(m.register_forward_hook(self._forward_hook))
+            self._handles.append(m.register_forward_hook(self._forward_hook, with_kwargs=True))
         return self
 
     def __exit__(self, *exc) -> bool:
@@ -266,26 +418,44 @@ class SquaredGradients:
         self._calls = {}
         return False
 
-    def _forward_hook(self, module, inputs, output):
-        if not torch.is_grad_enabled() or not isinstance(output, torch.Tensor) or not output.requires_grad:
+    def _forward_hook(self, module, args, kwargs, output):
+        rule = rule_for(module)
+        outs = rule.outputs(module, output) if torch.is_grad_enabled() else []
+        if not any(o.requires_grad for o in outs):
             return
-        record = [rule_for(module).prepare(module, inputs[0]), None]
+        # [prepared inputs, the outputs' gradients (None until the backward reaches them), the outputs' layouts]
+        record = [rule.prepare_call(module, args, kwargs), [None] * len(outs),
+                  [(o.shape, o.dtype, o.device) for o in outs]]
         self._calls[id(module)].append(record)
+        for k, o in enumerate(outs):
+            if o.requires_grad:
+                def grad_hook(grad, record=record, k=k):
+                    record[1][k] = grad.detach()
 
-        def grad_hook(grad, record=record):
-            record[1] = grad.detach()
+                o.register_hook(grad_hook)
 
-        output.register_hook(grad_hook)
+    @staticmethod
+    def _reached(module, records) -> list:
+        """``(a, b)`` of the calls the backward reached (an output without a gradient counts as zeros)."""
+        rule = rule_for(module)
+        out = []
+        for a, grads, layouts in records:
+            if all(g is None for g in grads):
+                continue
+            grads = [torch.zeros(shape, dtype=dtype, device=device) if g is None else g
+                     for g, (shape, dtype, device) in zip(grads, layouts)]
+            out.append((a, rule.output_gradients(module, grads)))
+        return out
 
     def _finish(self) -> None:
         sizes = set()
         self.sums = {}
         for m in self.modules:
-            calls = [c for c in self._calls.get(id(m), []) if c[1] is not None]
+            calls = self._reached(m, self._calls.get(id(m), []))
             if not calls:
                 continue
             rule = rule_for(m)
-            sizes.update(int(a.shape[0]) for a, _ in calls)
+            sizes.update(rule.batch_size(a) for a, _ in calls)
             params = _trainable(m)
             if len(calls) == 1:
                 squared = rule.squared_sum(m, *calls[0])

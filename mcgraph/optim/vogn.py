@@ -106,7 +106,7 @@ class VOGN(GaussianVariationalOptimizer):
     """Variational Online Gauss–Newton (see the module docstring for the update).
 
     Args:
-        model: the network (``Linear``, ``Conv1d/2d/3d``, ``BatchNorm*``; parameter-free modules
+        model: the network (``Linear``, ``Conv1d/2d/3d``, ``LSTM``, ``BatchNorm*``; parameter-free modules
             anywhere). Its parameters hold μ between steps.
         dataset_size: N, the number of training examples.
         lr: α.
