@@ -16,8 +16,9 @@ compared).
 
 A second block trains the same optimisers on a 2-layer LSTM (:class:`mcgraph.models.LSTMClassifier`)
 reading each image row by row (:func:`run_lstm_arm`): BBB is the LSTM made Bayesian by
-:func:`mcgraph.nn.bayesify`, MC dropout drops between its layers, and VOGN, which has no per-example
-rule for ``nn.LSTM``, is reported with the error its constructor raises.
+:func:`mcgraph.nn.bayesify`, MC dropout drops between its layers, and VOGN takes the LSTM's
+per-example gradients from :class:`mcgraph.optim.per_example.LSTMRule`. An optimiser that refuses a
+network at construction is reported with the error it raised.
 
 ``--quick``: scikit-learn's digits with a 64-64-10 MLP, 20 epochs, batch 64, 2 seeds, and an LSTM of
 2 × 32 on the digits read by rows (8 steps of 8), 6 epochs (the CI run); full: LeNet-5 on MNIST
@@ -255,7 +256,7 @@ def _lstm_stepper(arm: str, q: dict, ds, seed: int):
     ``q["lr"]``; IVON and ivon-opt with ``lr=q["ivon_lr"]``, ``ess`` = N; VOGN with only ``dataset_size``.
 
     Raises:
-        TypeError: the optimiser cannot train the network (VOGN has no per-example rule for ``nn.LSTM``).
+        TypeError: the optimiser cannot train the network (raised by its constructor).
     """
     import mcgraph.nn as mnn
     from mcgraph.models import LSTMClassifier

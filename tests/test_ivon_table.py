@@ -48,16 +48,31 @@ def test_the_lstm_block_trains_every_arm_that_can_train_an_lstm(tmp_path, monkey
     assert set(lstm) == set(ivon_table.ARMS)
     scored = {a for a, r in lstm.items() if "test" in r}
     have_ref = importlib.util.find_spec("ivon") is not None
-    assert {"adam", "ivon", "bbb", "mc_dropout"} <= scored and (("ivon_opt" in scored) == have_ref)
+    assert {"adam", "ivon", "vogn", "bbb", "mc_dropout"} <= scored and (("ivon_opt" in scored) == have_ref)
     assert lstm["adam"]["steps"] == 8 and lstm["adam"]["features"] == 8  # digits read by rows
-    # VOGN has no per-example rule for nn.LSTM: the row carries the error its constructor raised
-    assert "vogn" not in scored and "does not support" in lstm["vogn"]["missing"]
     # the Bayesian LSTM holds a mean and a scale per weight
     assert lstm["bbb"]["parameters"] > 1.9 * lstm["adam"]["parameters"]
     assert set(data["rows"]["lstm_step_times"]["arms"]) == scored
     md = (tmp_path / "ivon_table.md").read_text()
     assert "An LSTM on digits read by rows" in md and "The table: LSTM" in md
-    assert "LSTM: IVON (mcgraph) vs Adam" in md and "VOGN (defaults) cannot train the LSTM" in md
+    assert "LSTM: IVON (mcgraph) vs Adam" in md
+
+
+def test_an_optimiser_that_refuses_the_lstm_is_reported_with_its_error(tmp_path, monkeypatch):
+    ivon_table = _short(monkeypatch, epochs=1)
+    built = ivon_table._lstm_stepper
+
+    def refusing(arm, *args):
+        if arm == "vogn":
+            raise TypeError("model: VOGN does not support lstm (LSTM)")
+        return built(arm, *args)
+
+    monkeypatch.setattr(ivon_table, "_lstm_stepper", refusing)
+    data = ivon_table.run(tmp_path, quick=True, seed=0)
+    vogn = next(r for r in data["rows"]["lstm_runs"] if r["arm"] == "vogn")
+    assert "test" not in vogn and "does not support" in vogn["missing"]
+    assert "vogn" not in data["rows"]["lstm_step_times"]["arms"]
+    assert "VOGN (defaults) cannot train the LSTM" in (tmp_path / "ivon_table.md").read_text()
 
 
 def test_retime_rewrites_the_step_times_from_the_recorded_runs(tmp_path, monkeypatch):
