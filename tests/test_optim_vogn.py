@@ -552,6 +552,28 @@ def test_a_layer_called_twice_per_forward_is_run_sample_by_sample():
     _assert_same_state(oa, model, ob, twin, rtol=0, atol=0)
 
 
+def test_step_samples_of_an_lstm_runs_sample_by_sample_and_takes_the_closure_step():
+    """An LSTM's outputs are a tuple: the batched probes cannot serve it, so its samples take the closure path."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm, self.head = nn.LSTM(3, 4, num_layers=2, batch_first=True), nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.head(self.lstm(x)[0][:, -1])
+
+    def make():
+        torch.manual_seed(7)
+        return Net().to(DT)
+
+    x, y = torch.randn(8, 5, 3, dtype=DT), torch.randint(0, 3, (8,))
+    (a, oa), (b, ob) = _pair(make, num_mc_samples=2)
+    for _ in range(2):
+        oa.step_samples(_loss(a, x, y))
+        ob.step(_closure(ob, b, x, y))
+    _assert_same_state(oa, a, ob, b, rtol=0, atol=0)
+
+
 def test_step_samples_arguments():
     x, y = _data()
     model = _tiny()
