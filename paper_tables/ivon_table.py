@@ -515,7 +515,7 @@ def _block_report(result: TargetResult, agg: dict, timing: dict | None, scale: s
     result.section(heading, md_table(("optimiser", "train / test accuracy (%)", "NLL", "ECE", "AUROC",
                                       "time per step / Adam"), rows))
     if timing:
-        result.section(f"{heading}: time per step, side by side" if prefix else "Time per step, side by side",
+        result.section(f"{prefix}time per step, side by side" if prefix else "Time per step, side by side",
                        _timing_text(timing, ratios))
 
 
