@@ -277,13 +277,14 @@ def test_posterior_and_posterior_model():
     assert isinstance(opt_p.posterior_model(net), nn.Module)
 
 
-def test_posterior_model_of_a_sequence_model_samples_its_lstm_and_keeps_its_embedding():
+@pytest.mark.parametrize("rnn", [nn.LSTM, nn.GRU, nn.RNN])
+def test_posterior_model_of_a_sequence_model_samples_its_recurrent_layer_and_keeps_its_embedding(rnn):
     torch.manual_seed(0)
 
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
-            self.emb, self.lstm, self.head = nn.Embedding(9, 4), nn.LSTM(4, 6, batch_first=True), nn.Linear(6, 3)
+            self.emb, self.lstm, self.head = nn.Embedding(9, 4), rnn(4, 6, batch_first=True), nn.Linear(6, 3)
 
         def forward(self, tokens):
             return self.head(self.lstm(self.emb(tokens))[0][:, -1])
@@ -298,7 +299,8 @@ def test_posterior_model_of_a_sequence_model_samples_its_lstm_and_keeps_its_embe
         opt.step()
     q = opt.posterior
     bnn = opt.posterior_model()
-    assert isinstance(bnn.lstm, mg.nn.BayesLSTM) and isinstance(bnn.emb, nn.Embedding)
+    bayes = {nn.LSTM: mg.nn.BayesLSTM, nn.GRU: mg.nn.BayesGRU, nn.RNN: mg.nn.BayesRNN}[rnn]
+    assert isinstance(bnn.lstm, bayes) and isinstance(bnn.emb, nn.Embedding)
     torch.testing.assert_close(bnn.lstm.hh_l0.weight_sigma, q["lstm.weight_hh_l0"].scale)
     torch.testing.assert_close(bnn.lstm.ih_l0.bias_mu, q["lstm.bias_ih_l0"].loc)
     torch.testing.assert_close(bnn.emb.weight, net.emb.weight)  # embeddings keep their mean
