@@ -156,7 +156,7 @@ def step_times(s: dict, seed: int = 0, arms=ARMS, reps: int = TIMING_REPS, block
         cpu = {arm: [] for arm in steps}
         wall = {arm: [] for arm in steps}
         order = list(steps)
-        for r in range(reps):
+        for r in range(reps if order else 0):
             for arm in order[r % len(order):] + order[:r % len(order)]:
                 c0, w0 = time.thread_time(), time.perf_counter()
                 steps[arm](xb, yb)
@@ -410,7 +410,7 @@ def run(out_dir, quick: bool = False, seed: int = 0) -> dict:
                          _reusing(recorded, run_lstm_arm, lambda a, s_, sd: _lstm_key(s_["lstm"], a, sd)), runs_dir)
     wall += result.wall_s
     with timed(result):
-        times = step_times(s, seed, arms=_scored(runs))
+        times = step_times(s, seed, arms=_scored(runs)) if _scored(runs) else None
         lstm_times = step_times(s, seed, arms=_scored(lstm_runs), block="lstm") if _scored(lstm_runs) else None
     result.wall_s += wall
     result.rows = {"runs": runs, "step_times": times, "lstm_runs": lstm_runs, "lstm_step_times": lstm_times}

@@ -112,3 +112,4 @@ def test_step_times_refuses_a_bad_number_of_rounds_or_block():
         ivon_table.step_times(ivon_table._settings(True), reps=0)
     with pytest.raises(ValueError, match="block"):
         ivon_table.step_times(ivon_table._settings(True), block="resnet")
+    assert ivon_table.step_times(ivon_table._settings(True), arms=[])["arms"] == {}
