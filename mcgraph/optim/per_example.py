@@ -24,8 +24,9 @@ Per layer (``p_i`` exactly, every formula checked against a batch-size-1 autogra
 * ``BatchNorm1d/2d/3d`` (affine): ``p_γ,i = Σ_spatial x̂_i b_i``, ``p_β,i = Σ_spatial b_i``
   with ``x̂`` recomputed from the input with the statistics the layer used.
 * ``LSTM`` (padded input, any number of layers, either direction, ``batch_first`` or not, an initial
-  state): the layer recomputed unrolled over time from its recorded input, and the recorded gradients
-  of ``output``, ``h_n`` and ``c_n`` back-propagated through it once; with the gates' gradients ``δG``,
+  state): the layer recomputed step by step from its recorded input, and the LSTM's backward
+  recurrence run by hand on the recorded gradients of ``output``, ``h_n`` and ``c_n``; with the gates'
+  gradients ``δG``,
   ``p_i(W_ih) = Σ_t δG_it x_itᵀ``, ``p_i(W_hh) = Σ_t δG_it h_i,t-1ᵀ`` (:class:`LSTMRule`).
 
 In a network that normalises with batch statistics (BatchNorm in training mode) the
@@ -239,15 +240,20 @@ class BatchNormRule(PerExampleRule):
         return out
 
 
+def inputs_in_order(inputs: torch.Tensor, order: list[int]) -> torch.Tensor:
+    """``inputs`` (n, T, ·) with its time axis in ``order`` (a view when the order is forward)."""
+    return inputs if order[0] == 0 else inputs.flip(1)
+
+
 @register_rule(nn.LSTM)
 class LSTMRule(PerExampleRule):
     """Per-example gradients of an ``nn.LSTM`` from its gates' gradients, recomputed step by step.
 
     torch's LSTM is one fused operator, so the hooks see only its input and its outputs' gradients. The
-    rule recomputes the layer unrolled over time (the same cell equations, the gates
-    ``G_t = W_ih x_t + b_ih + W_hh h_{t-1} + b_hh`` of every layer and direction) and back-propagates the
-    recorded gradients of ``output``, ``h_n`` and ``c_n`` through it in one batched backward. The examples
-    do not interact, so the gates' gradients ``δG`` are per example, and
+    rule recomputes the layer step by step (the same cell equations, the gates
+    ``G_t = W_ih x_t + b_ih + W_hh h_{t-1} + b_hh`` of every layer and direction) and runs the LSTM's
+    backward recurrence by hand on the recorded gradients of ``output``, ``h_n`` and ``c_n``, batched over
+    the examples. The examples do not interact, so the gates' gradients ``δG`` are per example, and
 
     .. math::
         p_i(W_{ih}) = \\sum_t δG_{it} x_{it}^\\top, \\quad p_i(W_{hh}) = \\sum_t δG_{it} h_{i,t-1}^\\top, \\quad
@@ -294,8 +300,11 @@ class LSTMRule(PerExampleRule):
     def batch_size(self, a) -> int:
         return int(a[0].shape[0])
 
+    @torch.no_grad()
     def _gate_gradients(self, module, a, b) -> list:
-        """``[(layer, direction, δG, inputs, previous h)]``, each ``(n, T, ·)``, for the recorded call."""
+        """``[(layer, direction, δG, inputs, previous h)]``, each ``(n, T, ·)`` in the direction's processing
+        order, for the recorded call: the layer run forward step by step (keeping every step's gates and
+        cells), then the LSTM's backward recurrence by hand, from the last layer down."""
         x, h0, c0 = a
         g_out, g_h, g_c = b
         n, steps = x.shape[0], x.shape[1]
@@ -303,46 +312,56 @@ class LSTMRule(PerExampleRule):
         hidden = module.hidden_size
         if h0 is None:
             h0 = c0 = x.new_zeros(module.num_layers * dirs, n, hidden)
-        gates, kept, finals_h, finals_c = [], [], [], []
-        with torch.enable_grad():
-            # roots that require gradients, so that every gate is a node of the graph (the weights are constants)
-            layer_in, h0, c0 = (t.detach().requires_grad_() for t in (x, h0, c0))
-            for layer in range(module.num_layers):
-                outs = []
-                for d in range(dirs):
-                    sfx = f"_l{layer}" + ("_reverse" if d else "")
-                    w_ih = getattr(module, "weight_ih" + sfx).detach()
-                    w_hh = getattr(module, "weight_hh" + sfx).detach()
-                    bias = (getattr(module, "bias_ih" + sfx) + getattr(module, "bias_hh" + sfx)).detach() \
-                        if module.bias else None
-                    proj = F.linear(layer_in, w_ih, bias)  # (n, T, 4H): the input's part of every step's gates
-                    h, c = h0[layer * dirs + d], c0[layer * dirs + d]
-                    order = range(steps - 1, -1, -1) if d else range(steps)
-                    step_gates, prev, hs = [], [], [None] * steps
-                    for t in order:
-                        g = proj[:, t] + F.linear(h, w_hh)
-                        step_gates.append(g)
-                        prev.append(h)
-                        i, f, cell, o = g.chunk(4, 1)
-                        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(cell)
-                        h = torch.sigmoid(o) * torch.tanh(c)
-                        hs[t] = h
-                    outs.append(torch.stack(hs, 1))
-                    finals_h.append(h)
-                    finals_c.append(c)
-                    gates.append(step_gates)
-                    kept.append((layer, d, layer_in, prev, order))
-                layer_in = torch.cat(outs, -1) if dirs > 1 else outs[0]
-            flat = [g for step_gates in gates for g in step_gates]
-            deltas = torch.autograd.grad([layer_in, torch.stack(finals_h), torch.stack(finals_c)], flat,
-                                         [g_out, g_h, g_c], allow_unused=True)
-        out, k = [], 0
-        for (layer, d, inputs, prev, order), step_gates in zip(kept, gates):
-            ds = [torch.zeros_like(g) if dg is None else dg for g, dg in zip(step_gates, deltas[k:k + len(step_gates)])]
-            k += len(step_gates)
-            idx = list(order)
-            out.append((layer, d, torch.stack(ds, 1), inputs.detach()[:, idx], torch.stack(prev, 1).detach()))
-        return out
+        saved, layer_in = [], x
+        for layer in range(module.num_layers):
+            outs = []
+            for d in range(dirs):
+                sfx = f"_l{layer}" + ("_reverse" if d else "")
+                w_ih, w_hh = getattr(module, "weight_ih" + sfx), getattr(module, "weight_hh" + sfx)
+                bias = getattr(module, "bias_ih" + sfx) + getattr(module, "bias_hh" + sfx) if module.bias else None
+                proj = F.linear(layer_in, w_ih, bias)  # (n, T, 4H): the input's part of every step's gates
+                h, c = h0[layer * dirs + d], c0[layer * dirs + d]
+                order = list(range(steps - 1, -1, -1)) if d else list(range(steps))
+                acts, cells, prev_h, prev_c, hs = [], [], [], [], [None] * steps
+                for t in order:
+                    i, f, cell, o = torch.addmm(proj[:, t], h, w_hh.t()).chunk(4, 1)
+                    i, f, cell, o = i.sigmoid(), f.sigmoid(), cell.tanh(), o.sigmoid()
+                    prev_h.append(h)
+                    prev_c.append(c)
+                    c = f * c + i * cell
+                    h = o * c.tanh()
+                    acts.append((i, f, cell, o))
+                    cells.append(c)
+                    hs[t] = h
+                outs.append(torch.stack(hs, 1))
+                saved.append((inputs_in_order(layer_in, order), order, acts, cells, prev_h, prev_c, w_ih, w_hh))
+            layer_in = torch.cat(outs, -1) if dirs > 1 else outs[0]
+        result = [None] * len(saved)
+        d_out = g_out  # the gradient of the current layer's output sequence, (n, T, dirs·H) in time order
+        for layer in range(module.num_layers - 1, -1, -1):
+            d_in = None
+            for d in range(dirs):
+                k = layer * dirs + d
+                inputs, order, acts, cells, prev_h, prev_c, w_ih, w_hh = saved[k]
+                d_seq = d_out[..., d * hidden:(d + 1) * hidden]
+                dh_next, dc_next = g_h[k], g_c[k]
+                deltas = [None] * steps
+                for s in range(steps - 1, -1, -1):  # the processing order, backwards
+                    i, f, cell, o = acts[s]
+                    tc = cells[s].tanh()
+                    dh = d_seq[:, order[s]] + dh_next
+                    dc = dh * o * (1 - tc * tc) + dc_next
+                    deltas[s] = delta = torch.cat((dc * cell * i * (1 - i), dc * prev_c[s] * f * (1 - f),
+                                                   dc * i * (1 - cell * cell), dh * tc * o * (1 - o)), 1)
+                    dc_next = dc * f
+                    dh_next = delta @ w_hh
+                dg = torch.stack(deltas, 1)
+                result[k] = (layer, d, dg, inputs, torch.stack(prev_h, 1))
+                if layer:  # the gradient of the layer below's output: δG (in time order) through W_ih
+                    part = (dg.flip(1) if d else dg) @ w_ih
+                    d_in = part if d_in is None else d_in + part
+            d_out = d_in
+        return result
 
     def per_example(self, module, a, b):
         shares = {}
@@ -361,7 +380,8 @@ class LSTMRule(PerExampleRule):
             for name, x in (("weight_ih", inputs), ("weight_hh", prev)):
                 total = None
                 for start, stop in _chunks(dg.shape[0], dg.shape[2] * x.shape[2]):
-                    part = torch.einsum("ntg,nti->ngi", dg[start:stop], x[start:stop]).square().sum(0)
+                    shares = torch.bmm(dg[start:stop].transpose(1, 2), x[start:stop])  # (m, 4H, in)
+                    part = shares.mul_(shares).sum(0)
                     total = part if total is None else total + part
                 out[name + sfx] = total
             if module.bias:
