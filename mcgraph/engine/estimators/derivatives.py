@@ -116,8 +116,8 @@ def _unary(name: str, dfdx: Callable) -> None:
 def _unary_over(name: str, denominator: Callable) -> None:
     """``f(x)`` with ``f'(x) = 1 / g(x)``: tangent ``ẋ / g(x)``, divided as autograd divides.
 
-    ``ẋ · (1/g)`` would differ where ``1/g`` overflows: at a subnormal ``x = softplus(−103)`` in
-    float32, ``ẋ = σ(−103)`` is 0 and ``1/x`` is inf, so the product is NaN where ``0 / x`` is 0.
+    ``ẋ · (1/g)`` would differ where ``1/g`` overflows: at a float32 subnormal ``x`` (``relu(w) + 1e-40``
+    at a negative ``w``) the tangent ``ẋ`` is 0 and ``1/x`` is inf, so the product is NaN where ``0 / x`` is 0.
     """
     def rule(args, kwargs, out, tangents):
         x = _one(args, kwargs, name)
