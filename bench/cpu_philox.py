@@ -5,8 +5,8 @@ For each P (elements) and thread count, the same M·P standard normals are
 * ``randn`` — drawn by ``torch.randn`` alone, in the engine's noise blocks
   (:func:`mcgraph.apps.bench.workloads.randn_floor`: the sampling floor, no reduction);
 * ``torch-stats`` — what the collapsed tier does on the torch stream: the seeded noise
-  blocks plus the statistics mean ξ, mean ξ² (:func:`mcgraph.engine.noise.noise_statistics`);
-* ``philox-stats`` — the compiled stream's statistics (:func:`mcgraph.engine.cpu_philox.statistics`):
+  blocks plus the statistics mean ξ, mean ξ² (:func:`mcgraph.engine.noise.statistics.noise_statistics`);
+* ``philox-stats`` — the compiled stream's statistics (:func:`mcgraph.engine.noise.cpu_philox.statistics`):
   drawn and reduced in one parallel loop, the noise never materialised;
 * with ``--engine``, also ``kl-torch`` / ``kl-philox`` — one ``mg.kl_divergence`` (Normal q,
   Normal prior; collapsed cross term) forward + backward with ``MCGRAPH_BACKEND=torch`` and
@@ -33,11 +33,12 @@ import time
 import torch
 
 import mcgraph as mg
-from mcgraph.engine import cpu_philox
+from mcgraph.engine.noise import cpu_philox
 from mcgraph.apps import atomic_io
 from mcgraph.apps.bench.records import git_commit
 from mcgraph.apps.bench.workloads import randn_floor
-from mcgraph.engine.noise import BlockStream, noise_statistics, rows_per_block
+from mcgraph.engine.noise.streams import BlockStream, rows_per_block
+from mcgraph.engine.noise.statistics import noise_statistics
 
 
 

@@ -188,7 +188,7 @@ def build(provider: str):
 def mcgraph_grad_error(model, M: int, method: str = "chunked") -> float:
     """ρ-gradient of the data term of an mcgraph model against plain autograd on the run's noise."""
     import mcgraph.nn as mnn
-    from mcgraph.engine.families import family_of
+    from mcgraph.engine.plan.families import family_of
     from mcgraph.nn.context import NoiseKind, sample_run
 
     x, y = _data()

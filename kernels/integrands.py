@@ -38,8 +38,8 @@ import triton.language as tl
 from torch.distributions import Cauchy, Distribution, Gamma, InverseGamma, Laplace, LogNormal, Normal, StudentT
 
 from mcgraph.distributions import Logistic, LogUniform, ScaleMixtureNormal
-from mcgraph.engine.log_densities import LOG_DENSITIES, inherited_entry
-from mcgraph.engine.registry import Registry
+from .log_densities import LOG_DENSITIES, inherited_entry
+from mcgraph.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def _sign(x):
 
 def _builtin(dist_type: type) -> dict:
     """The parameters, normaliser and support of a built-in density (shared with the CPU loop:
-    :mod:`mcgraph.engine.log_densities`)."""
+    :mod:`mcgraph.kernels.log_densities`)."""
     entry = LOG_DENSITIES[dist_type]
     return {"params": entry.params, "normalizer": entry.normalizer, "positive": entry.positive}
 
@@ -212,5 +212,5 @@ def integrand_for(prior: Distribution) -> TritonIntegrand:
     if entry is None:
         names = sorted(t.__name__ for t in LOG_PROBS.registered())
         raise NotImplementedError(f"prior: no Triton log-density is registered for {type(prior).__name__} "
-                                  f"(registered: {names}); use mcgraph.kernels.register_log_prob")
+                                  f"(registered: {names}); use mcgraph.kernels.integrands.register_log_prob")
     return entry

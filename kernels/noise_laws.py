@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mcgraph.engine.registry import Registry
+from mcgraph.registry import Registry
 
 from .utils import block_for, check_device, check_num_samples, check_seed, compute_dtype, tl_dtype
 
@@ -304,7 +304,7 @@ def materialize_noise(noise: str, shape, start: int, stop: int, seed: int, dtype
 
 
 class TritonNoiseStream:
-    """Rows of the Triton stream with the interface of :class:`mcgraph.engine.noise.BlockStream`.
+    """Rows of the Triton stream with the interface of :class:`mcgraph.engine.noise.streams.BlockStream`.
 
     The engine's direct, chunked and torch-fused estimators read rows through
     this object on the Triton backend, so that they consume the same ξ as the

@@ -5,15 +5,16 @@ graph does not grow with the number of samples.
 """
 
 from . import distributions, metrics, models
-from .engine import plan_cache
+from .engine.plan import cache as plan_cache
 from .engine.api import expectation, explain, kl_divergence, set_validate_args
 from .engine.graph_size import GraphSize, graph_size
-from .engine.families import FAMILIES, GenericForm, SamplingForm, family_of, register_family
-from .engine.trace import register_integrand, trace
+from .engine.plan.families import FAMILIES, GenericForm, SamplingForm, family_of, register_family
+from .engine.plan.ops import register_integrand
+from .engine.plan.tracer import trace
 from .engine.stderr import MCEstimate, required_samples
 from .engine.methods import Method
 from .engine.options import Sampling
-from .engine.tuples import Plan, TermPlan, Tier, classify
+from .engine.plan.classify import Plan, TermPlan, Tier, classify
 
 from . import nn  # noqa: E402  (the layers build on the functional API above)
 from . import optim  # noqa: E402  (the optimizers build on mcgraph.nn)

@@ -19,7 +19,7 @@ import torch
 
 import mcgraph as mg
 from mcgraph.models import get_model
-from mcgraph.engine.noise import mix_seed
+from mcgraph.engine.noise.streams import mix_seed
 
 #: The architectures of the paper's Fig. 2 (right), 1 and 6, in the paper's order.
 ARCHITECTURES = ("densenet121", "densenet161", "densenet169", "densenet201", "resnet18", "resnet34", "resnet50",

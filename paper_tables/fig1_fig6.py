@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import mcgraph as mg
-from mcgraph.engine.noise import mix_seed
+from mcgraph.engine.noise.streams import mix_seed
 
 from . import bnn
 from .common import (TargetResult, fmt_bytes, fmt_params, load_result, log, md_table, timed, write_cache,

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mcgraph.engine.families import family_of
+from mcgraph.engine.plan.families import family_of
 from mcgraph.nn import bayesian_modules
 from mcgraph.nn.context import NoiseKind, sample_run
 

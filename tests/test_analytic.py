@@ -165,7 +165,7 @@ def test_refused_with_the_reason(fn, dist, reason):
 
 def test_moments_of_laws_are_registered():
     """Every noise law of a registered location-scale/scaling family knows whether it has moments."""
-    from mcgraph.engine.moments import LogMoments, PowerMoments
+    from mcgraph.engine.noise.moments import LogMoments, PowerMoments
 
     for q in list(LOCATION_SCALE.values()) + list(SCALING.values()):
         assert isinstance(mg.family_of(q).noise.moments, (PowerMoments, LogMoments))

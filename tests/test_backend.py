@@ -1,4 +1,4 @@
-"""The backend decision (mcgraph.engine.backend) and the engine hooks it offers.
+"""The backend decision (mcgraph.engine.noise.backends) and the engine hooks it offers.
 
 * ``backend_for``: device, Triton availability, the ``MCGRAPH_BACKEND`` override (read per call),
   clear errors; importing mcgraph imports neither Triton nor the kernels and touches no GPU.
@@ -21,7 +21,8 @@ import torch  # noqa: E402
 from torch import distributions as D  # noqa: E402
 
 import mcgraph as mg  # noqa: E402
-from mcgraph.engine import backend  # noqa: E402
+from mcgraph.engine.noise import backends as backend  # noqa: E402
+from mcgraph.engine.estimators import softmax, triton_fused  # noqa: E402
 from mcgraph import distributions as mgd  # noqa: E402
 
 F64 = torch.float64
@@ -86,10 +87,11 @@ def test_bad_override_and_impossible_requests(monkeypatch):
 def test_importing_mcgraph_probes_nothing():
     code = ("import sys, os, torch\n"
             "os.environ['MCGRAPH_BACKEND'] = 'bogus'\n"  # read at call time only: import must not fail
-            "import mcgraph, mcgraph.engine.backend, mcgraph.kernels, mcgraph.kernels.reference\n"
+            "import mcgraph, mcgraph.engine.noise.backends, mcgraph.kernels, mcgraph.kernels.reference\n"
             "assert 'triton' not in sys.modules, 'triton imported'\n"
-            "assert not any(m.startswith('mcgraph.kernels.') and m != 'mcgraph.kernels.reference'\n"
-            "               for m in sys.modules), 'kernels imported'\n"
+            "pure_torch = {'mcgraph.kernels.reference', 'mcgraph.kernels.log_densities'}\n"
+            "assert not any(m.startswith('mcgraph.kernels.') and m not in pure_torch\n"
+            "               for m in sys.modules), 'Triton kernels imported'\n"
             "assert not torch.cuda.is_initialized(), 'CUDA initialised'\n"
             "print('OK')\n")
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", backend.ENV_VAR)}
@@ -103,7 +105,7 @@ def test_torch_backend_hooks_decline(monkeypatch):
     form = mg.family_of(q)
     assert backend.noise_stream(form, 0, 4) is None
     assert backend.noise_statistics(form, {(1, 0)}, 0, 4) is None
-    assert backend.log_prob_expectation(q, D.Laplace(0.0, 1.0), 4, 0) is None
+    assert triton_fused.log_prob_expectation(q, D.Laplace(0.0, 1.0), 4, 0) is None
 
 
 def test_softmax_dispatch_torch_backend(monkeypatch):
@@ -111,13 +113,13 @@ def test_softmax_dispatch_torch_backend(monkeypatch):
     mean = torch.randn(5, 7, dtype=F64, requires_grad=True)
     std = torch.rand(5, 7, dtype=F64, requires_grad=True)
     y = torch.randint(0, 7, (5,))
-    a = backend.softmax_cross_entropy_mc(mean, std, y, 50, seed=3)
-    b = backend.softmax_cross_entropy_mc(mean, std, y, 50, seed=3, chunk_size=7)
+    a = softmax.softmax_cross_entropy_mc(mean, std, y, 50, seed=3)
+    b = softmax.softmax_cross_entropy_mc(mean, std, y, 50, seed=3, chunk_size=7)
     torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     for ga, gb in zip(torch.autograd.grad(a.sum(), [mean, std]), torch.autograd.grad(b.sum(), [mean, std])):
         torch.testing.assert_close(ga, gb, rtol=1e-12, atol=1e-12)
-    assert (mg.graph_size(lambda: backend.softmax_cross_entropy_mc(mean, std, y, 1, seed=0))
-            == mg.graph_size(lambda: backend.softmax_cross_entropy_mc(mean, std, y, 200, seed=0)))
+    assert (mg.graph_size(lambda: softmax.softmax_cross_entropy_mc(mean, std, y, 1, seed=0))
+            == mg.graph_size(lambda: softmax.softmax_cross_entropy_mc(mean, std, y, 200, seed=0)))
 
 
 # --------------------------------------------------------------------------- Triton backend on CPU
@@ -159,7 +161,7 @@ def _assert_near(a, b):
 
 
 def test_triton_stream_matches_materialised_noise(triton_backend):
-    from mcgraph.kernels import materialize_noise
+    from mcgraph.kernels.noise_laws import materialize_noise
 
     form = mg.family_of(mgd.Radial(torch.zeros(3, 5, dtype=F64), torch.ones(3, 5, dtype=F64)))
     stream = backend.noise_stream(form, 7, 6)
@@ -178,7 +180,7 @@ def test_same_seed_contract_within_triton_backend(triton_backend):
     q = D.Normal(mu, s)
     prior = mgd.ScaleMixtureNormal(*torch.tensor([0.3, 1.0, 0.1], dtype=F64))  # fp64: torch takes log π in its dtype
     M, seed = 12, 5
-    kernel = backend.log_prob_expectation(q, prior, M, seed)
+    kernel = triton_fused.log_prob_expectation(q, prior, M, seed)
     assert kernel is not None
     results = [kernel] + [mg.expectation(prior.log_prob, q, M, seed=seed, method=m, chunk_size=c)
                           for m, c in (("fused", None), ("chunked", 5), ("direct", None))]
@@ -215,22 +217,22 @@ def test_log_prob_hook_forms_and_declines(triton_backend):
     theta = (0.5 + torch.rand(9, dtype=F64)).requires_grad_()
     q = D.Exponential(1 / theta)  # scaling form, exponential noise
     prior = D.Gamma(torch.tensor(2.0, dtype=F64), torch.tensor(1.5, dtype=F64))
-    kernel = backend.log_prob_expectation(q, prior, 8, 1)
+    kernel = triton_fused.log_prob_expectation(q, prior, 8, 1)
     direct = mg.expectation(prior.log_prob, q, 8, seed=1, method="direct")
     _assert_near(kernel, direct)
     _assert_near(*[torch.autograd.grad(v.sum(), theta, retain_graph=True)[0] for v in (kernel, direct)])
     lq = D.LogNormal(torch.zeros(9, dtype=F64), theta)  # exp form
-    _assert_near(backend.log_prob_expectation(lq, prior, 8, 1), mg.expectation(prior.log_prob, lq, 8, seed=1,
+    _assert_near(triton_fused.log_prob_expectation(lq, prior, 8, 1), mg.expectation(prior.log_prob, lq, 8, seed=1,
                                                                           method="direct"))
     ind = D.Independent(D.Normal(torch.zeros(4, 3, dtype=F64), theta[:3]), 1)
-    summed = backend.log_prob_expectation(ind, D.Normal(0.0, 1.0), 8, 1, sum_rightmost=1)
+    summed = triton_fused.log_prob_expectation(ind, D.Normal(0.0, 1.0), 8, 1, sum_rightmost=1)
     assert summed.shape == (4,)
-    assert backend.log_prob_expectation(q, D.HalfNormal(1.0), 8, 1) is None  # no Triton log-density
-    assert backend.log_prob_expectation(D.Normal(torch.zeros(3), 1.0), D.Normal(torch.zeros(2, 3), 1.0), 8, 1) is None
+    assert triton_fused.log_prob_expectation(q, D.HalfNormal(1.0), 8, 1) is None  # no Triton log-density
+    assert triton_fused.log_prob_expectation(D.Normal(torch.zeros(3), 1.0), D.Normal(torch.zeros(2, 3), 1.0), 8, 1) is None
 
 
 def test_softmax_dispatch_triton_backend(triton_backend):
-    from mcgraph.kernels import softmax_cross_entropy_mc
+    from mcgraph.kernels.softmax_mc import softmax_cross_entropy_mc
 
     mean, std, y = torch.randn(3, 6), torch.rand(3, 6), torch.tensor([0, 5, 2])
-    _assert_near(backend.softmax_cross_entropy_mc(mean, std, y, 8, seed=4), softmax_cross_entropy_mc(mean, std, y, 8, 4))
+    _assert_near(softmax.softmax_cross_entropy_mc(mean, std, y, 8, seed=4), softmax_cross_entropy_mc(mean, std, y, 8, 4))

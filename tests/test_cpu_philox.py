@@ -1,4 +1,4 @@
-"""The compiled CPU Philox noise stream (mcgraph.engine.cpu_philox) and its backend (``MCGRAPH_BACKEND=cpu-philox``).
+"""The compiled CPU Philox noise stream (mcgraph.engine.noise.cpu_philox) and its backend (``MCGRAPH_BACKEND=cpu-philox``).
 
 The library is really built here (one compiler call, about a second; cached in
 ``TORCH_EXTENSIONS_DIR``). What the tests establish:
@@ -38,9 +38,9 @@ from native_fallback import assert_runs_without_compiler  # noqa: E402
 from torch import distributions as D  # noqa: E402
 
 import mcgraph as mg  # noqa: E402
-from mcgraph.engine import backend, cpu_philox  # noqa: E402
+from mcgraph.engine.noise import backends as backend, cpu_philox  # noqa: E402
 from mcgraph import distributions as mgd  # noqa: E402
-from mcgraph.engine.noise import noise_statistics  # noqa: E402
+from mcgraph.engine.noise.statistics import noise_statistics  # noqa: E402
 
 stats = pytest.importorskip("scipy.stats")
 
@@ -341,7 +341,7 @@ def test_explain_names_the_stream(monkeypatch):
 _FALLBACK = r"""
 import os, torch, mcgraph as mg
 from torch import distributions as D
-from mcgraph.engine import backend, cpu_philox
+from mcgraph.engine.noise import backends as backend, cpu_philox
 q = D.Normal(torch.linspace(-1, 1, 20, dtype=torch.float64), 0.5)
 os.environ["MCGRAPH_BACKEND"] = "cpu-philox"
 fell_back = mg.expectation(lambda w: w ** 2, q, 50, seed=3, method="collapsed")
@@ -364,7 +364,7 @@ def test_falls_back_to_torch_stream_without_compiler(tmp_path):
 
 def test_import_and_small_calls_build_nothing(tmp_path):
     code = ("import os, torch, mcgraph as mg\n"
-            "from mcgraph.engine import cpu_philox\n"
+            "from mcgraph.engine.noise import cpu_philox\n"
             "q = torch.distributions.Normal(torch.zeros(5), 1.0)\n"
             "mg.expectation(lambda w: w ** 2, q, 100, seed=0)\n"
             "print(mg.explain(lambda w: w ** 2, q))\n"
@@ -512,7 +512,7 @@ def test_radial_statistics_equal_statistics_of_own_rows(dtype, rtol, shape, even
     # several chunks
     keys = ((1, 0), (2, 0), (4, 0))
     fused = cpu_philox.radial_statistics(shape, 90, 21, keys, dtype, event_ndims=event_ndims, chunk_size=16)
-    with mg.engine.noise.reuse_noise_blocks():  # the second call draws into the first one's buffer
+    with mg.engine.noise.streams.reuse_noise_blocks():  # the second call draws into the first one's buffer
         pooled = [cpu_philox.radial_statistics(shape, 90, 21, keys, dtype, event_ndims=event_ndims,
                                                chunk_size=16) for _ in range(2)]
     for key in keys:

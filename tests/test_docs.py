@@ -8,7 +8,7 @@ import pytest
 MODULES = ["mcgraph.engine.api", "mcgraph.engine.graph_size", "mcgraph.metrics", "mcgraph.distributions.radial",
            "mcgraph.distributions.scale_mixture", "mcgraph.distributions.log_uniform",
            "mcgraph.distributions.logistic", "mcgraph.distributions.rayleigh", "mcgraph.distributions.horseshoe",
-           "mcgraph.models.zoo", "mcgraph.engine.backend", "mcgraph.kernels.reference", "mcgraph.nn.layers",
+           "mcgraph.models.zoo", "mcgraph.engine.noise.backends", "mcgraph.engine.estimators.softmax", "mcgraph.nn.layers",
            "mcgraph.nn.bayesify", "mcgraph.nn.network_kl", "mcgraph.nn.variational", "mcgraph.nn.prediction", "mcgraph.nn.likelihood",
            "mcgraph.nn.scales", "mcgraph.optim.per_example", "mcgraph.optim.gaussian", "mcgraph.optim.vogn",
            "mcgraph.optim.adaptive_vb", "mcgraph.optim.sghmc", "mcgraph.optim.schedules", "mcgraph.optim.snapshots",
@@ -24,13 +24,13 @@ NEEDS = {"mcgraph.interop": "blitz", "mcgraph.interop.sites": "bayesian_torch",
          "mcgraph.interop.convert": "blitz", "mcgraph.interop.bayesian_torch": "bayesian_torch",
          "mcgraph.interop.blitz": "blitz", "mcgraph.interop.torchbnn": "torchbnn", "mcgraph.interop.pyro": "pyro",
          "mcgraph.interop.tyxe": "tyxe", "mcgraph.nn.lora": "transformers", "mcgraph.interop.peft": "peft"}
-MODULES += ["mcgraph.interop.foreign_priors", "mcgraph.engine.stderr", "mcgraph.engine.moments", "mcgraph.engine.estimators.derivatives",
+MODULES += ["mcgraph.interop.foreign_priors", "mcgraph.engine.stderr", "mcgraph.engine.noise.moments", "mcgraph.engine.estimators.derivatives",
             "mcgraph.engine.estimators.fused_body"]
-MODULES += ["mcgraph.engine.cpu_philox"]  # its example builds the library (about a second, once per machine)
-MODULES += ["mcgraph.engine.plan_cache", "mcgraph.engine.estimators.cpu_fused", "mcgraph.engine.log_densities"]
-MODULES += ["mcgraph.engine.noise", "mcgraph.optim.ivon"]
+MODULES += ["mcgraph.engine.noise.cpu_philox"]  # its example builds the library (about a second, once per machine)
+MODULES += ["mcgraph.engine.plan.cache", "mcgraph.engine.estimators.cpu_fused", "mcgraph.kernels.log_densities"]
+MODULES += ["mcgraph.engine.noise.streams", "mcgraph.optim.ivon"]
 MODULES += ["mcgraph.nn.module_select"]
-MODULES += ["mcgraph.engine.checks", "mcgraph.engine.registry", "mcgraph.engine.methods", "mcgraph.engine.options",
+MODULES += ["mcgraph.engine.checks", "mcgraph.registry", "mcgraph.engine.methods", "mcgraph.engine.options",
             "mcgraph.nn.model_checks"]
 
 

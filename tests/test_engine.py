@@ -12,8 +12,8 @@ from torch import distributions as D
 
 import mcgraph as mg
 from mcgraph import distributions as mgd
-from mcgraph.engine.families import FAMILIES
-from mcgraph.engine.tuples import Tier
+from mcgraph.engine.plan.families import FAMILIES
+from mcgraph.engine.plan.classify import Tier
 
 from families_table import FAMILY_FACTORIES
 
@@ -339,7 +339,7 @@ def test_a_new_family_is_one_class_plus_one_registration():
         def rsample(self, sample_shape=torch.Size()):
             raise AssertionError("the engine must not call rsample for a registered family")
 
-    from mcgraph.engine.noise import STANDARD_EXPONENTIAL
+    from mcgraph.engine.noise.laws import STANDARD_EXPONENTIAL
 
     @mg.register_family(ShiftedExponential)
     def _rule(d):
@@ -364,7 +364,7 @@ def test_register_integrand_declares_an_elementwise_op():
         b = mg.expectation(torch.special.bessel_j0, q, 16, seed=0, method="direct")
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     finally:
-        from mcgraph.engine.trace import ELEMENTWISE_OPS
+        from mcgraph.engine.plan.ops import ELEMENTWISE_OPS
         ELEMENTWISE_OPS.discard("special_bessel_j0")
 
 

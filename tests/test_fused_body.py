@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -325,6 +326,50 @@ def test_compiled_body_matches_eager_and_sizes_do_not_recompile(monkeypatch):
     assert _kl_learned_scale_mixture()[2] == "compiled"
 
 
+_BODY_IN_A_PROCESS = """
+import os, sys
+sys.path.insert(0, {tests!r})
+import torch
+from test_fused_body import _kl_learned_scale_mixture
+value, grads, path = _kl_learned_scale_mixture()
+print(path, repr(float(value)), repr(float(grads[0].sum())))
+"""
+
+
+def _capabilities_to_mix() -> tuple[str, str]:
+    """Two ``ATEN_CPU_CAPABILITY`` values of different vector widths that this CPU runs."""
+    top = torch.backends.cpu.get_cpu_capability().lower()
+    if top == "avx512":
+        return "avx2", "avx512"
+    if top == "avx2":
+        return "avx2", "default"
+    pytest.skip(f"one vector width here ({top})")
+
+
+def test_a_body_cached_under_another_cpu_capability_is_compiled_anew(tmp_path):
+    """Inductor's cache key leaves out the vector width it compiles for: a second process under another
+    ``ATEN_CPU_CAPABILITY`` reading the first one's cached body compiled it with the wrong width (heap
+    corruption under AVX-512 after AVX2; a compile error, hence the eager body, under scalar code).
+    ``cpp.simdlen`` in the compile options makes the width part of the key."""
+    _needs_compiler()
+    import os
+    import subprocess
+    import sys
+
+    code = _BODY_IN_A_PROCESS.format(tests=str(Path(__file__).parent))
+    results = []
+    for capability in _capabilities_to_mix():
+        env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, "MCGRAPH_FUSED_BODY": "compiled",
+               "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, (capability, proc.stderr[-3000:])
+        results.append(proc.stdout.split())
+    assert [r[0] for r in results] == ["compiled", "compiled"], results
+    for r in results[1:]:
+        assert float(r[1]) == pytest.approx(float(results[0][1]), rel=2e-5)
+        assert float(r[2]) == pytest.approx(float(results[0][2]), rel=2e-4, abs=1e-6)
+
+
 def test_default_fused_chunk_takes_two_rows_where_the_body_compiles(monkeypatch):
     # a sample larger than GRAPH_CHUNK_ELEMENTS gets one row per chunk, which the compiled body does not take
     # (it runs eagerly): where that body will run, the fused tier's default chunk is two rows instead
@@ -356,7 +401,7 @@ def test_default_fused_chunk_takes_two_rows_where_the_body_compiles(monkeypatch)
     assert chunk(lambda w: torch.erfinv(torch.tanh(w))) == 1  # no forward-rule program: the autograd chunk
     assert chunk(return_stderr=True) == 1  # per-sample values kept: the eager body
     assert chunk(dist=D.TransformedDistribution(q, [D.ExpTransform(), D.ExpTransform()])) == 1
-    assert fused.default_fused_chunk(mg.engine.families.family_of(q), 1, True) == 1
+    assert fused.default_fused_chunk(mg.engine.plan.families.family_of(q), 1, True) == 1
     for mode in ("eager", "autograd"):
         monkeypatch.setenv("MCGRAPH_FUSED_BODY", mode)
         assert chunk() == 1
@@ -364,7 +409,7 @@ def test_default_fused_chunk_takes_two_rows_where_the_body_compiles(monkeypatch)
     monkeypatch.setattr(sampling, "GRAPH_CHUNK_ELEMENTS", 48 * 3)
     assert chunk() == 3
     monkeypatch.setattr(sampling, "GRAPH_CHUNK_ELEMENTS", 40)
-    monkeypatch.setattr(mg.engine.noise, "NOISE_BLOCK_ELEMENTS", 60)  # a noise block of one row
+    monkeypatch.setattr(mg.engine.noise.streams, "NOISE_BLOCK_ELEMENTS", 60)  # a noise block of one row
     assert chunk() == 1
 
 

@@ -70,15 +70,11 @@ if DEVICE == "cuda" and kutils.INTERPRETED:  # pragma: no cover - another module
     pytest.skip("MCGRAPH_KERNEL_DEVICE=cuda, but mcgraph.kernels was imported under TRITON_INTERPRET=1 in this "
                 "process; run tests/test_kernels.py on its own without it", allow_module_level=True)
 
-from mcgraph.kernels import (  # noqa: E402
-    LOG_PROBS,
-    NOISE_LAWS,
-    FormKind,
-    fused_log_prob_expectation,
-    materialize_noise,
-    noise_statistics,
-    softmax_cross_entropy_mc,
-)
+from mcgraph.kernels.fused_elementwise import FormKind, fused_log_prob_expectation  # noqa: E402
+from mcgraph.kernels.integrands import LOG_PROBS  # noqa: E402
+from mcgraph.kernels.noise_laws import NOISE_LAWS, materialize_noise  # noqa: E402
+from mcgraph.kernels.noise_stats import noise_statistics  # noqa: E402
+from mcgraph.kernels.softmax_mc import softmax_cross_entropy_mc  # noqa: E402
 from mcgraph.kernels.reference import (  # noqa: E402
     log_prob_expectation_reference,
     noise_statistics_reference,

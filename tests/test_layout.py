@@ -11,26 +11,44 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"mcgraph": ROOT / "mcgraph", "mcgraph.kernels": ROOT / "kernels"}
+#: ``mcgraph/kernels`` is a link to the top-level ``kernels/`` folder (its modules are read once, from there).
+LINKED = {ROOT / "mcgraph" / "kernels"}
 
-#: What each part may import from mcgraph (besides itself). ``mcgraph`` is the package's face.
+#: What each part may import from mcgraph (besides itself). ``mcgraph`` is the package's face. The kernels
+#: sit below the engine (the engine reaches them as ``mcgraph.kernels``; they import none of it).
 FLOORS = {
-    "mcgraph.kernels": {"mcgraph.distributions", "mcgraph.engine"},  # the engine's Triton backend
+    "mcgraph.registry": set(),
     "mcgraph.distributions": set(),
     "mcgraph.metrics": set(),
-    "mcgraph.models": {"mcgraph.engine"},  # the registry class only
-    "mcgraph.engine": {"mcgraph.kernels", "mcgraph.distributions"},
-    "mcgraph.nn": {"mcgraph.engine", "mcgraph.kernels", "mcgraph.distributions", "mcgraph.metrics", "mcgraph.models"},
-    "mcgraph.optim": {"mcgraph.engine", "mcgraph.distributions", "mcgraph.nn", "mcgraph.metrics"},
-    "mcgraph.interop": {"mcgraph.engine", "mcgraph.distributions", "mcgraph.nn"},
+    "mcgraph.kernels": {"mcgraph.distributions", "mcgraph.registry"},
+    "mcgraph.models": {"mcgraph.registry"},
+    "mcgraph.engine": {"mcgraph.kernels", "mcgraph.distributions", "mcgraph.registry"},
+    "mcgraph.nn": {"mcgraph.engine", "mcgraph.kernels", "mcgraph.distributions", "mcgraph.metrics", "mcgraph.models",
+                   "mcgraph.registry"},
+    "mcgraph.optim": {"mcgraph.engine", "mcgraph.distributions", "mcgraph.nn", "mcgraph.metrics", "mcgraph.registry"},
+    "mcgraph.interop": {"mcgraph.engine", "mcgraph.distributions", "mcgraph.nn", "mcgraph.registry"},
     "mcgraph.apps": {"mcgraph", "mcgraph.engine", "mcgraph.kernels", "mcgraph.distributions", "mcgraph.nn",
-                     "mcgraph.optim", "mcgraph.interop", "mcgraph.metrics", "mcgraph.models"},
+                     "mcgraph.optim", "mcgraph.interop", "mcgraph.metrics", "mcgraph.models", "mcgraph.registry"},
 }
+
+#: The engine's own floors, from the ground up: a module imports only from its floor and those below.
+ENGINE_FLOORS = [
+    {"checks", "shapes", "options", "methods", "native", "closed_form", "graph_size"},
+    {"noise"},
+    {"plan"},
+    {"distributed"},
+    {"estimators"},
+    {"stderr"},
+    {"api"},
+]
 
 
 def _modules() -> dict[str, Path]:
     found = {}
     for name, base in PACKAGES.items():
         for path in base.rglob("*.py"):
+            if any(link in path.parents for link in LINKED):
+                continue
             parts = list(path.relative_to(base).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts = parts[:-1]
@@ -133,24 +151,45 @@ def test_public_paths_resolve(path):
 
 def test_every_package_ships_in_the_wheel():
     """pyproject's package list names every folder with an ``__init__.py`` (a missing one installs
-    editable but not from the wheel), and the C++ sources compiled at first use are package data."""
+    editable but not from the wheel), ``mcgraph.kernels`` (a namespace package: the linked ``kernels/``
+    folder) and every ``csrc`` folder, whose C++ sources, compiled at first use, are its package data."""
     import tomllib
 
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(config["packages"])
     on_disk = {".".join(["mcgraph", *p.parent.relative_to(ROOT / "mcgraph").parts]).rstrip(".")
                for p in (ROOT / "mcgraph").rglob("__init__.py")}
-    on_disk |= {"mcgraph.kernels"} if (ROOT / "kernels" / "__init__.py").exists() else set()
+    sources = {".".join(["mcgraph", *p.parent.relative_to(ROOT / "mcgraph").parts])
+               for p in (ROOT / "mcgraph").rglob("csrc/*.cpp")}
+    assert {"mcgraph.engine.noise.csrc", "mcgraph.engine.estimators.csrc", "mcgraph.optim.csrc"} <= sources, sources
+    on_disk |= {"mcgraph.kernels"} | sources
     assert listed == on_disk, {"missing": sorted(on_disk - listed), "extra": sorted(listed - on_disk)}
     data = config["package-data"]
-    with_sources = {".".join(["mcgraph", *p.parent.parent.relative_to(ROOT / "mcgraph").parts])
-                    for p in (ROOT / "mcgraph").rglob("csrc/*.cpp")}
-    assert {"mcgraph.engine", "mcgraph.optim"} <= with_sources, with_sources
-    for package in with_sources:
-        assert data.get(package) == ["csrc/*.cpp"], (package, data)
+    for package in sources:
+        assert data.get(package) == ["*.cpp"], (package, data)
 
 
-def test_the_plan_does_not_reach_up_into_the_estimators():
-    """Inside the engine, classification (tuples) sits below the estimators that consume its plans."""
-    graph = _graph()
-    assert not any(t.startswith("mcgraph.engine.estimators") for t in graph["mcgraph.engine.tuples"])
+def _engine_floor(module: str) -> int:
+    part = module.split(".")[2]
+    return next(i for i, names in enumerate(ENGINE_FLOORS) if part in names)
+
+
+def test_the_engine_runs_noise_then_plan_then_estimators():
+    """Inside the engine: the noise below the plan (families name their noise law), the plan below the
+    estimators that consume it, the functional API on top; nothing imports a floor above its own."""
+    bad = []
+    for module, targets in _graph().items():
+        if not module.startswith("mcgraph.engine."):
+            continue
+        for t in targets:
+            if t.startswith("mcgraph.engine.") and _engine_floor(t) > _engine_floor(module):
+                bad.append(f"{module} imports {t}")
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_no_top_level_kernels_package():
+    """The top-level ``kernels/`` folder is no regular package: from the repository root ``import kernels``
+    finds another installed package of that name (Hugging Face's) before this folder; ``mcgraph.kernels``
+    is the only name of these modules."""
+    assert not (ROOT / "kernels" / "__init__.py").exists()
+    assert (ROOT / "mcgraph" / "kernels").resolve() == (ROOT / "kernels").resolve()

@@ -15,7 +15,7 @@ from torch import nn
 from torch.func import functional_call
 
 import mcgraph as mg
-from mcgraph.engine.families import family_of
+from mcgraph.engine.plan.families import family_of
 from mcgraph.nn import BayesLoRA
 from mcgraph.nn.context import NoiseKind, sample_run
 

@@ -12,7 +12,7 @@ from torch.distributions import Laplace, Normal, StudentT
 
 import mcgraph as mg
 import mcgraph.nn as mnn
-from mcgraph.engine.families import family_of
+from mcgraph.engine.plan.families import family_of
 from mcgraph.nn.context import NoiseKind, sample_run
 
 # --------------------------------------------------------------------------- fixtures
@@ -341,7 +341,7 @@ def test_model_kl_sums_layers_and_uses_layer_samples():
     net = mnn.bayesify(small_cnn(), posterior="laplace", prior="laplace", kl_samples=50)
     layers = mnn.bayesian_modules(net)
     total = mnn.kl(net, seed=3)
-    from mcgraph.engine.noise import mix_seed
+    from mcgraph.engine.noise.streams import mix_seed
 
     parts = sum(l.kl(seed=mix_seed(3, i)) for i, l in enumerate(layers))
     torch.testing.assert_close(total, parts)

@@ -11,7 +11,7 @@ from torch import nn
 from torch.func import functional_call
 
 import mcgraph as mg
-from mcgraph.engine.families import family_of
+from mcgraph.engine.plan.families import family_of
 from mcgraph.models import LSTMClassifier, TransformerClassifier
 from mcgraph.nn import BayesMultiheadAttention
 from mcgraph.nn.context import NoiseKind, sample_run

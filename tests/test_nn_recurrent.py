@@ -12,8 +12,8 @@ from torch.func import functional_call
 from torch.nn.utils.rnn import pack_padded_sequence
 
 import mcgraph as mg
-from mcgraph.engine.families import family_of
-from mcgraph.engine.noise import mix_seed
+from mcgraph.engine.plan.families import family_of
+from mcgraph.engine.noise.streams import mix_seed
 from mcgraph.nn import BayesEmbedding, BayesGRU, BayesLSTM, BayesRNN, BayesRNNBase
 from mcgraph.nn.context import NoiseKind, sample_run, window
 

@@ -14,8 +14,8 @@ import gc
 import pytest
 import torch
 
-from mcgraph.engine import noise as nz
-from mcgraph.engine.noise import BlockStream, Workspace, mix_seed, seeded
+from mcgraph.engine.noise import laws as nz, streams
+from mcgraph.engine.noise.streams import BlockStream, Workspace, mix_seed, seeded
 
 
 # --------------------------------------------------------------------------- reference samplers
@@ -232,7 +232,7 @@ def _owned_normal_stream(seed, shape=(6, 5), num_samples=10, block=4):
 
 def test_pool_hands_a_finished_stream_block_to_the_next_stream():
     ref = lambda s, d, dev: torch.randn(s, dtype=d, device=dev)  # noqa: E731
-    with nz.reuse_noise_blocks() as pool:
+    with streams.reuse_noise_blocks() as pool:
         first = _owned_normal_stream(1)
         rows = [r.clone() for _, _, r in first.chunks(4)]
         ptr = first._buffer.data_ptr()
@@ -249,7 +249,7 @@ def test_pool_hands_a_finished_stream_block_to_the_next_stream():
 
 
 def test_pool_does_not_take_a_block_that_a_view_still_holds():
-    with nz.reuse_noise_blocks() as pool:
+    with streams.reuse_noise_blocks() as pool:
         stream = _owned_normal_stream(1)
         kept = stream.rows(0, 4)[1:2]
         stream.release()
@@ -261,7 +261,7 @@ def test_pool_does_not_take_a_block_that_a_view_still_holds():
     outside = _owned_normal_stream(1)
     outside.rows(0, 4)
     outside.release()
-    assert outside._buffer is None and nz._POOL.get() is None
+    assert outside._buffer is None and streams._POOL.get() is None
 
 
 def test_straddling_rows_that_carry_a_graph_keep_it():

@@ -12,7 +12,7 @@ import torch
 from torch.distributions import Laplace, Normal, StudentT
 
 import mcgraph as mg
-from mcgraph.engine import plan_cache
+from mcgraph.engine.plan import cache as plan_cache
 from mcgraph.engine.estimators import cpu_fused
 from mcgraph.distributions import ScaleMixtureNormal
 
@@ -373,7 +373,7 @@ def test_the_key_holds_the_dtype_of_parameters_exposed_as_properties(make):
     """Beta's concentrations live in an inner Dirichlet, Chi2's df is computed: the form still reads
     their dtype, so a float32 call's trace is never reused for a float64 q (found by the slow profile:
     float64 in, float32 out)."""
-    from mcgraph.engine.families import family_of
+    from mcgraph.engine.plan.families import family_of
 
     for dtype in (torch.float32, torch.float64):
         assert family_of(make(dtype)).dtype == dtype

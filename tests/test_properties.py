@@ -40,7 +40,7 @@ from torch.utils._pytree import tree_leaves
 import mcgraph as mg
 import mcgraph.engine.api as api
 from mcgraph.engine.estimators.sampling import samples, stream_for
-from mcgraph.engine.trace import is_discrete
+from mcgraph.engine.plan.tracer import is_discrete
 from mcgraph import distributions as mgd
 
 from families_table import FAMILY_FACTORIES, is_positive
@@ -626,7 +626,7 @@ def test_an_infinite_sample_where_direct_raises_and_a_cached_plan_returns_is_jud
 def _judge_an_infinite_sample_where_direct_raises():
     from hypothesis import given, settings
 
-    from mcgraph.engine.trace import IntegrandError
+    from mcgraph.engine.plan.tracer import IntegrandError
 
     term = Binary("+", LogProb("laplace", Divide(W(), W()), registered=True), Log(W(positive=True)))
     fam = Family(D.Exponential, (), (), 0, F64, (("exp", 0.0, False), ("exp", 0.0, False)))

@@ -14,7 +14,7 @@ from torch import distributions as D
 
 import mcgraph as mg
 from mcgraph import distributions as mgd
-from mcgraph.engine.tuples import Tier
+from mcgraph.engine.plan.classify import Tier
 
 from families_table import FAMILY_FACTORIES, is_positive, make
 from same_noise_tolerances import assert_same as _assert_same

@@ -229,7 +229,7 @@ def test_elbo_terms_report_stderr_of_both_terms():
     parts = []
     for i, layer in enumerate(mnn.bayesian_modules(net)):
         e = mg.kl_divergence(layer.posterior, layer.prior, layer.kl_samples,
-                             seed=mg.engine.noise.mix_seed(7, i), method="monte-carlo", return_stderr=True)
+                             seed=mg.engine.noise.streams.mix_seed(7, i), method="monte-carlo", return_stderr=True)
         parts.append(e.stderr.square().sum())
     torch.testing.assert_close(se, torch.stack(parts).sum().sqrt())
     torch.testing.assert_close(kl, mnn.kl(net, seed=7, method="monte-carlo"))

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..engine.registry import Registry
+from ..registry import Registry
 
 __all__ = ["Dataset", "DATASETS", "load_dataset", "register_dataset", "as_sequences"]
 

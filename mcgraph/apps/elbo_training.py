@@ -11,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-from ..engine.noise import mix_seed
+from ..engine.noise.streams import mix_seed
 from ..engine.options import Sampling
 from .training_run import (StepResult, TrainingDiverged, build_model, check_finite, check_finite_grads, evaluate,
                            family_options, fault_nonfinite, is_bayesian)

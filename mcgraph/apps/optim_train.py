@@ -53,7 +53,7 @@ import torch
 from torch import nn
 
 from ..engine.checks import all_finite
-from ..engine.registry import Registry
+from ..registry import Registry
 from .training_run import StepResult
 
 __all__ = ["add_arguments", "OptimizerTraining", "OPTIMIZERS", "OPTIMIZER_BUILDERS", "build_optimizer", "predictive_model"]

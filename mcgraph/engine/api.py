@@ -10,23 +10,22 @@ from typing import Callable
 import torch
 from torch.distributions import Distribution, constraints
 
-from . import backend
-from .estimators import chunked_value, collapsed_value, cpu_fused, direct_value, fused_value, statistics
+from .estimators import chunked_value, collapsed_value, cpu_fused, direct_value, fused_value, statistics, triton_fused
 from .estimators.analytic import analytic_statistics
 from .estimators.sampling import default_chunk, samples, stream_for
 from .estimators.fused import describe_body
 from .closed_form import closed_form_kl, kl_rule
-from .families import SamplingForm, distribution_parameters, family_of, is_exp
-from .trace import floating, guarded
+from .plan.families import SamplingForm, distribution_parameters, family_of, is_exp
+from .plan.tracer import floating, guarded
 from .distributed import sharded
 from . import checks
-from .noise import resolve_seed
+from .noise.streams import resolve_seed
 from .methods import KL_METHODS, parse_method
 from .options import Sampling, resolve_sampling
-from .plan_cache import cached_trace
+from .plan.cache import cached_trace
 from .shapes import broadcast_shapes
 from .stderr import MCEstimate, StderrCollector, refuse_with_process_group
-from .tuples import KLPlan, Plan, Tier, classify
+from .plan.classify import KLPlan, Plan, Tier, classify
 
 _VALIDATE = True
 
@@ -121,12 +120,12 @@ def explain(fn: Callable | Distribution, dist: Distribution, *, method: str = "a
             taylor_order: int | None = None) -> Plan | KLPlan:
     """How :func:`expectation` would compute ``E_{w~dist}[fn(w)]``, or :func:`kl_divergence` KL(q ‖ p).
 
-    ``explain(fn, dist)`` returns the frozen :class:`~mcgraph.engine.tuples.Plan`; its ``str()`` lists,
+    ``explain(fn, dist)`` returns the frozen :class:`~mcgraph.engine.plan.classify.Plan`; its ``str()`` lists,
     per term, the tier, the parameterization tuple (G, n, t) in words, d_P, and why a term
     is not collapsible, and whether the trace came from the plan cache
-    (:mod:`mcgraph.engine.plan_cache`; ``plan.cache``).
+    (:mod:`mcgraph.engine.plan.cache`; ``plan.cache``).
 
-    ``explain(q, p)`` (two distributions) returns a :class:`~mcgraph.engine.tuples.KLPlan`: whether
+    ``explain(q, p)`` (two distributions) returns a :class:`~mcgraph.engine.plan.classify.KLPlan`: whether
     the KL is torch's closed form (``closed_form``: the rule's name) or the engine's, with the plans
     of E_q[log p] (and of E_q[log q] when q has no entropy), and whether it is exact.
 
@@ -188,7 +187,7 @@ def _describe_cross_kernel(q: Distribution, p: Distribution, method: str) -> str
     neither applies; builds nothing)."""
     if method not in ("auto", "monte-carlo", "fused"):
         return ""
-    triton = backend.log_prob_kernel(q, p, method)
+    triton = triton_fused.kernel_plan(q, p, method)
     if triton is not None:
         return (f"fused: the Triton kernel for {type(triton[-1]).__name__}'s log-density (the noise drawn in "
                 f"registers; value and gradients in one pass)")
@@ -206,7 +205,7 @@ def evaluate(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size: 
              return_stderr: bool = False, shard=None):
     """Run a plan: the sum over pieces of chain(Σ term values). ``chunk_size=None``: each tier's default.
 
-    The result has the trace's dtype (:attr:`~mcgraph.engine.trace.TraceResult.dtype`); an integer
+    The result has the trace's dtype (:attr:`~mcgraph.engine.plan.tracer.TraceResult.dtype`); an integer
     or boolean integrand is averaged in the distribution's floating dtype and its result is
     detached (piecewise constant in w: its pathwise gradient is zero almost everywhere).
     With ``return_stderr`` an :class:`~mcgraph.engine.stderr.MCEstimate` (see :mod:`mcgraph.engine.stderr`).
@@ -318,7 +317,7 @@ def expectation(fn: Callable, dist: Distribution, num_samples: int | Sampling, *
             draws the statistics from their exact joint law (Gaussian noise, degree ≤ 2): same
             distribution as the estimator, not the same numbers, O(P) for any M. ``"direct"`` is
             the naive graph. ``"analytic"`` takes every term exactly (a polynomial term under a
-            noise law with known moments, see :mod:`mcgraph.engine.moments`): no sampling, graph and time
+            noise law with known moments, see :mod:`mcgraph.engine.noise.moments`): no sampling, graph and time
             independent of M; a term without an exact form raises ``ValueError`` with the reason.
             ``"auto-analytic"`` is ``"auto"`` with the polynomial terms exact where they can be
             (``"auto"`` never is: the exact tier is used only when asked for).
@@ -556,7 +555,7 @@ def _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, re
     log_p = _log_density(p, extra)
     with _no_validation(p):
         if kernel and cross is None:
-            cross = backend.log_prob_expectation(q, p, num_samples, seed, sum_rightmost=extra, method=method)
+            cross = triton_fused.log_prob_expectation(q, p, num_samples, seed, sum_rightmost=extra, method=method)
         if cross is None:
             q_checked = True  # (by the engine, below)
             cross = _expectation(log_p, q, num_samples, seed, engine_method, chunk_size, taylor_order,

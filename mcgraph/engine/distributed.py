@@ -229,7 +229,7 @@ class SampleShard:
         ``seed=None`` on every rank: each rank draws one from its global generator and the
         largest draw is used by all, so the ranks share the noise whatever their RNG states.
         """
-        from .noise import resolve_seed
+        from .noise.streams import resolve_seed
 
         given = seed is not None
         self.num_samples = int(num_samples)

@@ -1,7 +1,7 @@
 """Small C++ libraries compiled at first use and loaded with :mod:`ctypes`.
 
 mcgraph's CPU loops that torch has no single operation for (the Philox noise stream of
-:mod:`mcgraph.engine.cpu_philox`, IVON's and VOGN's one-pass updates in :mod:`mcgraph.optim.cpu_kernels`) are
+:mod:`mcgraph.engine.noise.cpu_philox`, IVON's and VOGN's one-pass updates in :mod:`mcgraph.optim.cpu_kernels`) are
 plain C++ sources with OpenMP and no torch headers. Each is compiled by one ``$CXX`` (default
 ``c++``) call, never at import, into ``$TORCH_EXTENSIONS_DIR`` (default
 ``~/.cache/torch_extensions``) under a name that hashes the source, the flags and the CPU's

@@ -44,7 +44,7 @@ import torch
 from .estimators.analytic import analytic_statistics
 from .estimators.chunked import batched
 from .estimators.sampling import default_chunk, samples, stream_for
-from .tuples import Plan, TermPlan, stderr_mode
+from .plan.classify import Plan, TermPlan, stderr_mode
 
 __all__ = ["MCEstimate", "SampleMoments", "required_samples", "stderr_mode"]
 

@@ -35,7 +35,7 @@ from torch.distributions import Distribution
 from ..engine import checks
 from ..engine.api import kl_divergence
 from ..engine.distributed import sharded
-from ..engine.noise import mix_seed, resolve_seed
+from ..engine.noise.streams import mix_seed, resolve_seed
 from ..engine.methods import KL_METHODS as _KL_METHODS, parse_method
 from .sites import VariationalSite, foreign_layers
 

@@ -44,7 +44,7 @@ from torch.distributions.transforms import ComposeTransform, IndependentTransfor
 from ..engine import checks
 from ..engine.api import kl_divergence
 from ..engine.closed_form import MONTE_CARLO_RULE
-from ..engine.noise import mix_seed, resolve_seed
+from ..engine.noise.streams import mix_seed, resolve_seed
 from ..engine.methods import parse_method
 from . import divergence
 from .sites import require
@@ -212,7 +212,7 @@ def register_mc_kl(q_type: type, p_type: type, num_samples: int, *, method: str 
     Args:
         q_type, p_type: ``Distribution`` subclasses.
         num_samples: M.
-        method: the engine's method (:data:`mcgraph.engine.tuples.METHODS`).
+        method: the engine's method (:data:`mcgraph.engine.plan.classify.METHODS`).
 
     Returns:
         The registered function.

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 from torch.distributions import Distribution, Normal
 
-from ..engine.registry import Registry
+from ..registry import Registry
 from ..nn.layers import BayesLayer
 from ..nn.scales import ScaleTransform
 

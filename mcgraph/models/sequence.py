@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..engine.registry import Registry
+from ..registry import Registry
 from ._common import check_positive_int
 from .zoo import get_model, register_model
 

@@ -17,7 +17,7 @@ from typing import Callable, TypeVar
 
 from torch import nn
 
-from ..engine.registry import Registry
+from ..registry import Registry
 
 __all__ = ["MODELS", "register_model", "get_model"]
 

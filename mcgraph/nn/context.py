@@ -7,7 +7,7 @@ A Bayesian layer never keeps noise in a buffer. Each forward draws fresh noise:
 * **inside a run** (:func:`sample_run`, used by :func:`~mcgraph.nn.elbo`,
   :func:`~mcgraph.nn.predict` and :func:`~mcgraph.nn.forward_samples`): sample ``i``
   of Bayesian layer ``l`` and noise kind ``k`` is row ``i`` of a seeded block stream
-  (:class:`mcgraph.engine.noise.BlockStream`, blocks of :func:`block_rows` samples) whose
+  (:class:`mcgraph.engine.noise.streams.BlockStream`, blocks of :func:`block_rows` samples) whose
   seed is ``mix(mix(seed, l), k)``.
   The rows do not depend on how the ``M`` samples are cut into chunks, so a chunked
   estimate consumes exactly the noise of the naive all-in-one-graph estimate.
@@ -28,8 +28,8 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from ..engine.families import GenericForm, SamplingForm
-from ..engine.noise import BlockStream, mix_seed, resolve_seed
+from ..engine.plan.families import GenericForm, SamplingForm
+from ..engine.noise.streams import BlockStream, mix_seed, resolve_seed
 
 __all__ = ["BayesianModule", "NoiseKind", "SampleRun", "Window", "Capture", "sample_run", "window", "current_window", "capture",
            "current_capture", "bayesian_modules", "block_rows", "noise_stream", "chunks"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..engine.api import kl_divergence
-from ..engine.noise import mix_seed
+from ..engine.noise.streams import mix_seed
 
 __all__ = ["layer_kl_with_stderr"]
 

@@ -44,10 +44,10 @@ from torch.distributions.kl import _kl_normal_normal
 
 from ..engine import api
 from ..engine.closed_form import registered_kl
-from ..engine.registry import Registry
+from ..registry import Registry
 from ..engine.shapes import broadcast_shapes
 from ..engine.api import kl_divergence
-from ..engine.noise import mix_seed, resolve_seed
+from ..engine.noise.streams import mix_seed, resolve_seed
 from .masks import unmasked_posterior, weight_mask
 
 __all__ = ["LayerKLRule", "LAYER_KL", "register_layer_kl", "find_layer_kl", "divergence", "layer_kl",

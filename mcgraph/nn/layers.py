@@ -44,8 +44,8 @@ from torch.distributions import Distribution
 from torch.nn.modules.utils import _ntuple, _reverse_repeat_tuple
 
 from ..engine import checks
-from ..engine.families import GenericForm, SamplingForm, family_of, location_scale_form
-from ..engine.noise import resolve_seed
+from ..engine.plan.families import GenericForm, SamplingForm, family_of, location_scale_form
+from ..engine.noise.streams import resolve_seed
 from ..engine.stderr import MCEstimate, refuse_with_process_group
 from .context import BayesianModule, NoiseKind, current_capture, current_window, form_noise_global, normal_draw, rademacher
 from .layer_kl import layer_kl

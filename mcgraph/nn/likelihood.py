@@ -37,8 +37,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from ..engine.registry import Registry
-from ..engine.noise import BlockStream, resolve_seed
+from ..registry import Registry
+from ..engine.noise.streams import BlockStream, resolve_seed
 from .context import NoiseKind, bayesian_modules, capture, noise_stream, normal_draw, sample_run, window
 from .layers import SampleMode
 

@@ -6,7 +6,7 @@ from torch import nn
 
 from ..engine import checks
 from ..engine.distributed import sharded
-from ..engine.noise import mix_seed, resolve_seed, reuse_noise_blocks
+from ..engine.noise.streams import mix_seed, resolve_seed, reuse_noise_blocks
 from ..engine.options import resolve_sampling
 from ..engine.stderr import MCEstimate
 from .context import bayesian_modules

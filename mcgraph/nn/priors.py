@@ -36,7 +36,7 @@ from typing import Callable
 import torch
 from torch.distributions import Distribution, Laplace, LogNormal, Normal, StudentT
 
-from ..engine.registry import Registry
+from ..registry import Registry
 from ..engine.shapes import broadcast_shapes
 from ..distributions import Horseshoe, Logistic, LogUniform, Radial, ScaleMixtureNormal
 

@@ -34,7 +34,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..engine.registry import Registry
+from ..registry import Registry
 
 __all__ = ["ScaleTransform", "SCALE_TRANSFORMS", "register_scale_transform", "scale_transform", "softplus_beta"]
 

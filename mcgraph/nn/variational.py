@@ -34,7 +34,7 @@ from torch.autograd.function import once_differentiable
 from ..engine import checks
 from ..engine.estimators.chunked import accumulation_dtype, graph_leaves
 from ..engine.distributed import sharded
-from ..engine.noise import mix_seed, resolve_seed
+from ..engine.noise.streams import mix_seed, resolve_seed
 from ..engine.options import Sampling, resolve_sampling
 from ..engine.stderr import MCEstimate, SampleMoments, refuse_with_process_group
 from .context import bayesian_modules, chunks, sample_run

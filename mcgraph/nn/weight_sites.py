@@ -14,7 +14,7 @@ import contextlib
 
 import torch
 
-from ..engine.noise import mix_seed
+from ..engine.noise.streams import mix_seed
 from .context import NoiseKind, current_window
 from .layers import BayesLinear, SampleMode
 

@@ -48,7 +48,7 @@ from torch import nn
 from torch.distributions import Normal
 
 from ..engine.checks import all_finite
-from ..engine.noise import mix_seed, resolve_seed
+from ..engine.noise.streams import mix_seed, resolve_seed
 from ._checks import choice, positive_int, positive_real
 from ._state import CountedOptimizer
 from .per_example import RULES, SquaredGradients, rule_for

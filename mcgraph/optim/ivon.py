@@ -104,7 +104,7 @@ from torch.autograd.graph import increment_version
 from torch.distributions import Normal
 
 from ..engine.checks import all_finite
-from ..engine.noise import mix_seed
+from ..engine.noise.streams import mix_seed
 from ._checks import non_negative_real, positive_int, positive_real, real_in, seed_or_none
 from ._state import CountedOptimizer
 from . import cpu_kernels

@@ -59,7 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..engine.registry import Registry
+from ..registry import Registry
 
 __all__ = ["SquaredGradients", "PerExampleRule", "register_rule", "rule_for", "RULES", "CHUNK_ELEMENTS",
            "common_batch_size", "unsupported_modules", "per_example_loop"]

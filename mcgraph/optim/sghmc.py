@@ -53,7 +53,7 @@ from typing import Callable, Iterable
 import torch
 
 from ..engine.checks import all_finite
-from ..engine.noise import mix_seed, resolve_seed
+from ..engine.noise.streams import mix_seed, resolve_seed
 from ._checks import non_negative_real, positive_real, real_in
 from ._state import CountedOptimizer
 from .seeded_noise import fill_normal

@@ -68,7 +68,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..engine.registry import Registry
+from ..registry import Registry
 from ._checks import choice, non_negative_real, positive_real, real_in
 
 __all__ = ["SpikeSlabEM", "GroupSpec", "register_groups", "GROUP_RULES", "ESTEPS"]

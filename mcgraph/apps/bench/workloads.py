@@ -35,8 +35,8 @@ import mcgraph as mg
 from mcgraph.distributions import Radial, ScaleMixtureNormal
 from mcgraph.engine.estimators import direct_loop_value
 from mcgraph.engine.estimators.sampling import samples, stream_for
-from mcgraph.engine.noise import rows_per_block
-from mcgraph.engine.registry import Registry
+from ...engine.noise.streams import rows_per_block
+from ...registry import Registry
 
 #: Baselines, in the order tables list them.
 BASELINES = ("direct", "vectorised", "grad-accum")

@@ -10,7 +10,7 @@ A collapsed term is ``G(n(θ) ∘ t̄)`` with ``t̄`` sample means of noise stat
 
 gives the expectation itself: the same small graph as the collapsed tier, no noise
 drawn, so its size and its cost do not depend on M. The moments come from the
-noise law (:mod:`mcgraph.engine.moments`); the classifier refuses (with the reason) the
+noise law (:mod:`mcgraph.engine.noise.moments`); the classifier refuses (with the reason) the
 terms whose moments are unknown or infinite.
 """
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from ..families import SamplingForm
-from ..moments import exact_statistic
+from ..plan.families import SamplingForm
+from ..noise.moments import exact_statistic
 
 
 def analytic_statistics(form: SamplingForm, keys) -> dict:

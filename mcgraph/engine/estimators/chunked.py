@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 from torch.autograd.function import once_differentiable
 
-from ..families import GenericForm, SamplingForm
+from ..plan.families import GenericForm, SamplingForm
 from .sampling import samples, stream_for
 
 

@@ -29,13 +29,13 @@ import math
 
 import torch
 
-from .. import backend
+from ..noise import backends as backend
 from torch.autograd.function import once_differentiable
 
-from ..families import SamplingForm
-from ..noise import exact_gaussian_statistics, noise_statistics
+from ..plan.families import SamplingForm
+from ..noise.statistics import exact_gaussian_statistics, noise_statistics
 from ..shapes import broadcast_shapes
-from ..tuples import TermPlan
+from ..plan.classify import TermPlan
 from .sampling import stream_for
 
 

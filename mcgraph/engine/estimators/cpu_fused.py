@@ -1,7 +1,7 @@
 """The fused tier's CPU kernel for registered prior log-densities: ``E_q[log p(w)]`` in one compiled pass.
 
 For the cross term of ``mg.kl_divergence(q, p)`` with a prior that has a registered log-density
-(:mod:`mcgraph.engine.log_densities`: Laplace, Student-t, the scale mixture, …) the generic fused
+(:mod:`mcgraph.kernels.log_densities`: Laplace, Student-t, the scale mixture, …) the generic fused
 tier traces ``p.log_prob``, classifies it and evaluates it with forward-mode derivatives, about forty
 small torch operations and their Python around them per call. This module computes the same
 estimate
@@ -18,14 +18,14 @@ rounding (each element is evaluated in the rows' precision and summed in float64
 keeps O(P) tensors whatever M is.
 
 It applies to a CPU location-scale, scaling or ``exp``-transformed form of float32 or float64 whose
-noise is a standard law without parameters (the laws of :func:`mcgraph.engine.backend.triton_noise`) and
+noise is a standard law without parameters (the laws of :func:`mcgraph.engine.noise.backends.triton_noise`) and
 has the sample's shape, a prior (optionally ``Independent``) with a registered density whose
 shape broadcasts into the sample's and whose parameters have the form's dtype, for calls without a
 ``chunk_size`` (one asked for gets the engine's chunks) of at most :data:`MAX_ELEMENTS` draws (above it
 torch's vectorised operations are as fast per element: the loop here calls the scalar ``exp`` and
 ``log1p`` of the C library, the generic tier's operations run vectorised). Under ``method="auto"`` and
 ``"monte-carlo"`` it is used only for densities whose every w-dependent term is the fused tier's
-(:data:`mcgraph.engine.log_densities.WHOLLY_FUSED`): the engine would take a polynomial term exactly (``"auto"``) or by the collapsed
+(:data:`mcgraph.kernels.log_densities.WHOLLY_FUSED`): the engine would take a polynomial term exactly (``"auto"``) or by the collapsed
 tier, so its estimate and its graph are the ones it would have without the loop; ``method="fused"`` asks
 for the fused tier for every density. The library is compiled at first use
 (:class:`mcgraph.engine.native.NativeLibrary`, 2–3 seconds, cached on disk); without a compiler
@@ -55,14 +55,14 @@ from torch.distributions import Distribution, Independent
 from torch.autograd.function import once_differentiable
 
 from .. import native
-from ..backend import backend_for, triton_noise
-from ..families import SamplingForm
-from ..log_densities import FORM_KINDS, LogDensity, kernel_takes_whole_term, log_density
+from ..noise.backends import backend_for, triton_noise
+from ..plan.families import SamplingForm
+from mcgraph.kernels.log_densities import FORM_KINDS, LogDensity, kernel_takes_whole_term, log_density
 from ..shapes import broadcasts_to
 from .fused import transform_name, derivatives_vjp, save_derivatives
 from .sampling import stream_for
 
-_SOURCE = pathlib.Path(__file__).parents[1] / "csrc" / "cpu_fused.cpp"
+_SOURCE = pathlib.Path(__file__).with_name("csrc") / "cpu_fused.cpp"
 _ABI = 5
 _FORMS = {kind: code for code, kind in enumerate(FORM_KINDS)}  # the loop's form codes
 
@@ -202,7 +202,7 @@ class _LogProbMC(torch.autograd.Function):
 def log_prob_expectation(form, p: Distribution, num_samples: int, seed: int, *, method: str = "monte-carlo",
                          sum_rightmost: int = 0, found=None,
                          check_inputs: Callable[[], None] | None = None) -> torch.Tensor | None:
-    """``E_q[Σ_rightmost log p(w)]`` (``q``'s :class:`~mcgraph.engine.families.SamplingForm` ``form``) by the
+    """``E_q[Σ_rightmost log p(w)]`` (``q``'s :class:`~mcgraph.engine.plan.families.SamplingForm` ``form``) by the
     compiled loop, differentiable in ``form.loc``, ``form.scale`` and ``p``'s parameters; ``None`` when it does
     not apply (:func:`applies`, whose result the caller may pass as ``found``; see the module docstring).
 

@@ -1,7 +1,7 @@
 """Forward-mode derivative rules for the elementwise programs of the fused tier.
 
-A traced elementwise program ``h`` (a tree of :class:`~mcgraph.engine.trace.Call`,
-:class:`~mcgraph.engine.trace.PolyNode` and :class:`~mcgraph.engine.trace.SumNode` nodes) is
+A traced elementwise program ``h`` (a tree of :class:`~mcgraph.engine.plan.ir.Call`,
+:class:`~mcgraph.engine.plan.ir.PolyNode` and :class:`~mcgraph.engine.plan.ir.SumNode` nodes) is
 *lowered* once into a plain, hashable tree whose tensors are replaced by numbered slots, so
 that the same program with other tensor values (a prior with learned parameters, the next
 training step) reuses one compiled body. :func:`dual` evaluates a lowered program together
@@ -14,7 +14,7 @@ returns its value and, per direction ``d``, its tangent
 where a direction is ``w`` (tangent ``∂w/∂u``) or one captured tensor (tangent one). Values are
 computed by the program's own torch functions, so they are the direct estimator's numbers.
 
-New operations are one registration beside :func:`mcgraph.engine.trace.register_integrand`:
+New operations are one registration beside :func:`mcgraph.engine.plan.ops.register_integrand`:
 :func:`register_derivative` maps a torch function's name to
 ``rule(args, kwargs, out, tangents) -> tangent`` (``tangents[i]`` is ``None`` for an argument
 without one, the Python float ``1.0`` for an identity tangent). A program using an op without a
@@ -22,7 +22,7 @@ rule is not lowered and the fused tier falls back to its local autograd call.
 
 Example:
     >>> import torch
-    >>> from mcgraph.engine.trace import Call, PolyNode
+    >>> from mcgraph.engine.plan.ir import Call, PolyNode
     >>> prog = lower(Call(torch.exp, (PolyNode({(1, 0): 2.0}),), {}))
     >>> value, (tangent,) = dual(prog.tree, torch.tensor([0.0, 1.0]), (1.0,), (), ({},))
     >>> torch.allclose(tangent, 2 * value)
@@ -37,8 +37,9 @@ from typing import Callable
 
 import torch
 
-from ..registry import Registry
-from ..trace import Call, Node, PolyNode, SumNode, Var, _normalise_name, horner, horner_degrees, monomial
+from ...registry import Registry
+from ..plan.ir import Call, Node, PolyNode, SumNode, Var, horner, horner_degrees, monomial
+from ..plan.ops import normalise_name
 
 #: name -> rule(args, kwargs, out, tangents) -> tangent (None: zero).
 DERIVATIVES: Registry = Registry("forward derivative rule")
@@ -482,7 +483,7 @@ def _lower(node: Node) -> Lowered:
         if type(n) is SumNode:
             return ("sum", tuple(go(p) for p in n.parts))
         if type(n) is Call:
-            name = _normalise_name(n.func)
+            name = normalise_name(n.func)
             if name not in DERIVATIVES:
                 raise NoRule(f"no forward rule for `{name}`")
             return ("call", n.func, name, tuple(arg(a) for a in n.args),

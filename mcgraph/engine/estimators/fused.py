@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.function import once_differentiable
 
-from ..families import SamplingForm
-from ..noise import rows_per_block
-from ..trace import Node
+from ..plan.families import SamplingForm
+from ..noise.streams import rows_per_block
+from ..plan.ir import Node
 from . import fused_body
 from .derivatives import Lowered, NoRule, lower
 from .sampling import default_chunk, sample_numel, stream_for
@@ -239,7 +239,7 @@ def fused_value(form: SamplingForm, node: Node, out_shape, seed: int, num_sample
     ``shard`` (a :class:`mcgraph.engine.distributed.SampleShard`) restricts this process to its samples;
     ``moments`` (a :class:`mcgraph.engine.stderr.SampleMoments`) also receives the per-sample values.
     """
-    from ..trace import captured_tensors
+    from ..plan.ir import captured_tensors
 
     captured = captured_tensors(node)
     spec = FusedSpec(form, node, captured, seed, num_samples, chunk_size, torch.Size(out_shape), moments,

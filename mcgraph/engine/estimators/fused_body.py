@@ -286,6 +286,21 @@ def run_chunk(spec: BodySpec, compile_: bool, xi, loc, scale, tensors):
     return out
 
 
+def simd_bits() -> int:
+    """The vector width, in bits, Inductor's C++ takes in this process (``ATEN_CPU_CAPABILITY`` included);
+    1 (no vectors) where it finds none.
+
+    Passed to ``torch.compile`` as ``cpp.simdlen`` so that it is part of Inductor's cache key. Left
+    implicit, it is not: a process under AVX-512 reads a body that a process under AVX2 cached in the same
+    cache folder, compiles that 8-lane source with 16-lane vectors, and corrupts the heap (seen with
+    torch 2.13).
+    """
+    from torch._inductor import cpu_vec_isa
+
+    isa = cpu_vec_isa.pick_vec_isa()
+    return isa.bit_width() if isa else 1
+
+
 def _compiled(spec: BodySpec):
     """The compiled body of ``spec`` (``None`` where compiling failed), compiled on its first call.
 
@@ -301,7 +316,7 @@ def _compiled(spec: BodySpec):
             fn = make_body(spec, compiled=True)
             code = fn.__code__.replace(co_name=f"fused_chunk_body_{len(_COMPILED)}")
             fn = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
-            _COMPILED[spec] = torch.compile(fn, fullgraph=True, dynamic=True)
+            _COMPILED[spec] = torch.compile(fn, fullgraph=True, dynamic=True, options={"cpp.simdlen": simd_bits()})
         except Exception:
             _COMPILED[spec] = None
         finally:
@@ -310,4 +325,4 @@ def _compiled(spec: BodySpec):
 
 
 __all__ = ["BodySpec", "COMPILE_MIN_ELEMENTS", "NoRule", "body_mode", "compiler_available", "compiles", "describe",
-           "flush_denormals", "last_path", "make_body", "run_chunk", "wants_compile"]
+           "flush_denormals", "last_path", "make_body", "run_chunk", "simd_bits", "wants_compile"]

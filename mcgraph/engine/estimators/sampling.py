@@ -6,9 +6,9 @@ import math
 
 import torch
 
-from .. import backend
-from ..families import GenericForm, SamplingForm
-from ..noise import BlockStream, rows_per_block
+from ..noise import backends as backend
+from ..plan.families import GenericForm, SamplingForm
+from ..noise.streams import BlockStream, rows_per_block
 
 
 def sample_numel(form) -> int:

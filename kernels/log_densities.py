@@ -17,7 +17,7 @@ not given its parent's density.
 
 Example:
     >>> import torch
-    >>> from mcgraph.engine.log_densities import log_density
+    >>> from mcgraph.kernels.log_densities import log_density
     >>> entry = log_density(torch.distributions.Laplace)
     >>> entry.code, [p.item() for p in entry.params(torch.distributions.Laplace(0.0, 2.0))]
     (1, [0.0, 2.0])
@@ -34,8 +34,8 @@ from typing import Callable
 import torch
 from torch.distributions import Cauchy, Distribution, Gamma, InverseGamma, Laplace, LogNormal, Normal, StudentT
 
-from ..distributions import Logistic, LogUniform, ScaleMixtureNormal
-from .registry import Registry
+from mcgraph.distributions import Logistic, LogUniform, ScaleMixtureNormal
+from mcgraph.registry import Registry
 
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 

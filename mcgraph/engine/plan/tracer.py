@@ -24,405 +24,19 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from .registry import Registry
-
-Monomial = tuple[int, int]  # (a, b): w**a * log(w)**b
-Coef = Any  # python number or Tensor
+from .algebra import VAR, Elementwise, Expr, Piece, add_poly, mul_poly, positive_const, scalar_int, scale_poly, const_expr
+from .ir import Call, func_name
+from .ops import ELEMENTWISE_OPS, ESCAPES, IDENTITY_OPS, LINEAR_OPS, METADATA, RULES, is_in_place, normalise_name
 
 
 class OpaqueIntegrand(Exception):
     """Raised inside tracing when ``fn`` leaves the traceable fragment."""
-
-
-# --------------------------------------------------------------------------- program nodes
-
-
-class Node:
-    """A node of an elementwise program, evaluated as ``node(w, subs)``."""
-
-    def __call__(self, w: torch.Tensor, subs: dict[int, torch.Tensor]) -> torch.Tensor:
-        raise NotImplementedError
-
-    def constants(self):
-        return ()
-
-
-@dataclass(eq=False)
-class Var(Node):
-    def __call__(self, w, subs):
-        return w
-
-    def __str__(self):
-        return "w"
-
-
-def _sub(value, subs):
-    if isinstance(value, torch.Tensor):
-        return subs.get(id(value), value)
-    return value
-
-
-def monomial(w: torch.Tensor, a: int, b: int, logw: torch.Tensor | None):
-    """``(w^a (log w)^b, log w)``; the monomial is ``None`` for ``a = b = 0`` (the constant 1).
-
-    ``logw`` is ``log w`` when a previous monomial computed it (else ``None``); it is returned,
-    computed once, for the next.
-    """
-    term = w.pow(a) if a not in (0, 1) else (w if a == 1 else None)
-    if b:
-        logw = w.log() if logw is None else logw
-        lt = logw if b == 1 else logw.pow(b)
-        term = lt if term is None else term * lt
-    return term, logw
-
-
-def horner_degrees(poly: dict) -> int | None:
-    """The degree K of ``poly`` when it is a polynomial in ``w`` alone (every ``(a, b)`` has ``b = 0``
-    and ``a ≥ 0``) of degree at least 2, else ``None``: then :func:`horner` evaluates it."""
-    if not poly or any(b or a < 0 for a, b in poly):
-        return None
-    degree = max(a for a, _ in poly)
-    return degree if degree >= 2 else None
-
-
-def horner(w: torch.Tensor, coefs: dict[int, Coef], degree: int) -> torch.Tensor:
-    """``Σ_k coefs[k]·w^k`` (``0 ≤ k ≤ degree``, missing coefficients are 0) by Horner's rule.
-
-    ``(0.125·w)³`` traces to ``0.00195·w³``: summed as powers, ``w³`` overflows float32 at
-    ``|w| > 7e12`` although the value is finite up to ``|w| = 5.6e13``. Horner's partial results
-    ``c_K·w^j`` (j ≤ K) never exceed the leading term's magnitude when ``|w| ≥ 1``, and never
-    exceed ``|c_K|`` when ``|w| < 1``, so nothing overflows that the polynomial's terms would not.
-    """
-    out = coefs[degree]
-    for k in range(degree - 1, -1, -1):
-        out = out * w
-        c = coefs.get(k)
-        if c is not None:
-            out = out + c
-    return out
-
-
-@dataclass(eq=False)
-class PolyNode(Node):
-    poly: dict
-
-    def __call__(self, w, subs):
-        degree = horner_degrees(self.poly)
-        if degree is not None:
-            return horner(w, {a: _sub(c, subs) for (a, _), c in self.poly.items()}, degree)
-        out = None
-        logw = None
-        for (a, b), c in self.poly.items():
-            term, logw = monomial(w, a, b, logw)
-            c = _sub(c, subs)
-            # A constant monomial (w / w = w^0) is still a tensor of w's shape: callers expand it.
-            term = torch.zeros_like(w) + c if term is None else c * term
-            out = term if out is None else out + term
-        return out if out is not None else torch.zeros_like(w)
-
-    def constants(self):
-        return tuple(self.poly.values())
-
-    def __str__(self):
-        return format_poly(self.poly)
-
-
-@dataclass(eq=False)
-class Call(Node):
-    func: Callable
-    args: tuple
-    kwargs: dict
-
-    def __call__(self, w, subs):
-        def ev(x):
-            if isinstance(x, Node):
-                return x(w, subs)
-            return _sub(x, subs)
-
-        return self.func(*tree_map(ev, self.args), **tree_map(ev, self.kwargs))
-
-    def constants(self):
-        # a program is not changed once traced, and a cached trace is evaluated on every call: once
-        cached = self.__dict__.get("_constants")
-        if cached is None:
-            leaves, _ = tree_flatten((self.args, self.kwargs))
-            out = []
-            for x in leaves:
-                out.extend(x.constants() if isinstance(x, Node) else [x])
-            cached = self.__dict__["_constants"] = tuple(out)
-        return cached
-
-    def __str__(self):
-        inner = ", ".join(str(a) if isinstance(a, Node) else _short(a) for a in self.args)
-        return f"{_func_name(self.func)}({inner})"
-
-
-@dataclass(eq=False)
-class SumNode(Node):
-    parts: tuple
-
-    def __call__(self, w, subs):
-        out = self.parts[0](w, subs)
-        for p in self.parts[1:]:
-            out = out + p(w, subs)
-        return out
-
-    def constants(self):
-        cached = self.__dict__.get("_constants")
-        if cached is None:
-            cached = self.__dict__["_constants"] = tuple(c for p in self.parts for c in p.constants())
-        return cached
-
-    def __str__(self):
-        return " + ".join(str(p) for p in self.parts)
-
-
-def _short(x) -> str:
-    if isinstance(x, torch.Tensor):
-        return "c" if x.numel() != 1 else f"{x.detach().reshape(()).item():.3g}"
-    return repr(x)
-
-
-def _func_name(func) -> str:
-    return getattr(func, "__name__", str(func)).strip("_")
-
-
-def format_monomial(m: Monomial) -> str:
-    a, b = m
-    parts = []
-    if a:
-        parts.append("w" if a == 1 else f"w^{a}")
-    if b:
-        parts.append("log w" if b == 1 else f"(log w)^{b}")
-    return "·".join(parts) or "1"
-
-
-def _format_coef(c, m: Monomial) -> str:
-    mono = format_monomial(m)
-    if isinstance(c, (int, float)):
-        if m == (0, 0):
-            return f"{c:g}"
-        return mono if c == 1 else (f"-{mono}" if c == -1 else f"{c:g}·{mono}")
-    return "c" if m == (0, 0) else f"c·{mono}"
-
-
-def format_poly(poly: dict) -> str:
-    """The polynomial in words; tensor coefficients are shown as ``c``."""
-    text = " + ".join(_format_coef(poly[m], m) for m in sorted(poly)) or "0"
-    return text.replace("+ -", "− ")
-
-
-def captured_tensors(node: Node) -> tuple[torch.Tensor, ...]:
-    """Tensors a program closes over that require grad, deduplicated, in a fixed order."""
-    seen, out = set(), []
-    for c in node.constants():
-        if isinstance(c, torch.Tensor) and c.requires_grad and id(c) not in seen:
-            seen.add(id(c))
-            out.append(c)
-    return tuple(out)
-
-
-# --------------------------------------------------------------------------- expressions
-
-
-@dataclass
-class Elementwise:
-    """``Σ c_m ⊙ m(w) + Σ programs(w)``: an elementwise function of w."""
-
-    poly: dict = field(default_factory=dict)
-    programs: tuple = ()
-
-    def node(self) -> Node:
-        parts = ([PolyNode(dict(self.poly))] if self.poly else []) + list(self.programs)
-        if not parts:
-            return PolyNode({(0, 0): 0.0})
-        return parts[0] if len(parts) == 1 else SumNode(tuple(parts))
-
-    def is_poly(self) -> bool:
-        return not self.programs
-
-
-@dataclass
-class Piece:
-    """``chain(E)``: an elementwise expression followed by linear maps applied after E."""
-
-    expr: Elementwise
-    chain: tuple = ()  # callables x -> linear map of x
-
-    def apply_chain(self, x: torch.Tensor) -> torch.Tensor:
-        for f in self.chain:
-            x = f(x)
-        return x
-
-
-@dataclass
-class Expr:
-    """Sum of pieces. ``elementwise`` when it is one piece with no chain."""
-
-    pieces: tuple
-
-    @property
-    def elementwise(self) -> Elementwise | None:
-        if len(self.pieces) == 1 and not self.pieces[0].chain:
-            return self.pieces[0].expr
-        return None
-
-    @staticmethod
-    def of(e: Elementwise) -> "Expr":
-        return Expr((Piece(e),))
-
-
-VAR = Expr.of(Elementwise({(1, 0): 1.0}))
-
-
-def const_expr(c) -> Expr:
-    return Expr.of(Elementwise({(0, 0): c}))
-
-
-# --------------------------------------------------------------------------- polynomial algebra
-
-
-def _add_poly(p: dict, q: dict) -> dict:
-    out = dict(p)
-    for m, c in q.items():
-        out[m] = out[m] + c if m in out else c
-    return out
-
-
-def _scale_poly(p: dict, c) -> dict:
-    return {m: v * c for m, v in p.items()}
-
-
-def _mul_poly(p: dict, q: dict) -> dict:
-    out: dict = {}
-    for (a1, b1), c1 in p.items():
-        for (a2, b2), c2 in q.items():
-            m = (a1 + a2, b1 + b2)
-            v = c1 * c2
-            out[m] = out[m] + v if m in out else v
-    return out
-
-
-def _is_int(x) -> bool:
-    if isinstance(x, bool):
-        return False
-    if isinstance(x, int):
-        return True
-    if isinstance(x, float):
-        return x.is_integer()
-    return False
-
-
-def _positive_const(c) -> bool:
-    if isinstance(c, (int, float)):
-        return c > 0
-    if isinstance(c, torch.Tensor):
-        return bool((c.detach() > 0).all())
-    return False
-
-
-def _scalar_int(c):
-    """``c`` as a python int when it is an integral scalar constant without grad, else None."""
-    if _is_int(c):
-        return int(c)
-    if isinstance(c, torch.Tensor) and not c.requires_grad:
-        vals = c.detach().unique() if c.numel() > 1 else c.detach().reshape(-1)
-        if vals.numel() == 1 and float(vals[0]).is_integer():
-            return int(vals[0])
-    return None
-
-
-# --------------------------------------------------------------------------- operation registry
-
-
-ELEMENTWISE_OPS: set[str] = {
-    "abs", "absolute", "sign", "sgn", "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sqrt", "rsqrt",
-    "square", "reciprocal", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "tanh",
-    "asinh", "acosh", "atanh", "sigmoid", "logsigmoid", "softplus", "relu", "elu", "gelu", "silu", "lgamma",
-    "digamma", "erf", "erfc", "erfinv", "logit", "clamp", "clip", "clamp_min", "clamp_max", "where",
-    "maximum", "minimum", "fmax", "fmin", "logaddexp", "logaddexp2", "xlogy", "xlog1py", "pow", "float_power",
-    "add", "sub", "subtract", "mul", "multiply", "div", "divide", "true_divide", "neg", "negative", "rsub",
-    "radd", "rmul", "rtruediv", "truediv", "rpow", "lt", "le", "gt", "ge", "eq", "ne", "less", "greater",
-    "less_equal", "greater_equal", "not_equal", "logical_and", "logical_or", "logical_not", "isfinite",
-    "isnan", "isinf", "nan_to_num", "heaviside", "floor", "ceil", "round", "trunc", "frac", "type_as",
-    "special_xlog1py", "special_entr", "entr", "log_ndtr", "special_log_ndtr", "ndtr", "special_ndtr",
-    "i0", "special_i0e", "special_i1e", "polygamma", "mvlgamma", "hypot", "copysign", "fmod", "remainder",
-    "float", "double", "to", "long", "int", "short", "bool", "byte", "char", "half", "bfloat16",
-}
-
-LINEAR_OPS: set[str] = {
-    "sum", "mean", "reshape", "view", "view_as", "flatten", "unflatten", "unsqueeze", "squeeze", "expand",
-    "expand_as", "broadcast_to", "getitem", "permute", "transpose", "t", "movedim", "moveaxis", "narrow",
-    "select", "sum_to_size", "diagonal", "swapaxes", "swapdims", "mT", "T", "flip", "roll", "repeat",
-    "tile", "contiguous", "clone", "nansum",
-}
-
-IDENTITY_OPS: set[str] = {"contiguous", "clone", "as_tensor"}
-
-#: Conversions to Python (``bool(t)``, ``int(t)``, ``t.item()``, …): data-dependent, so the integrand is opaque.
-#: ``float_``/``int_``/``bool_`` are the dunder conversions; ``t.float()``/``t.int()``/``t.bool()`` are casts.
-ESCAPES: set[str] = {"bool_", "item", "tolist", "float_", "int_", "index", "numpy", "nonzero", "any", "all"}
-
-METADATA: set[str] = {
-    "shape", "size", "dim", "ndim", "ndimension", "numel", "dtype", "device", "requires_grad", "is_floating_point",
-    "is_complex", "layout", "len", "stride", "is_contiguous", "data_ptr", "element_size", "nelement",
-    "is_cuda", "names", "get_device", "storage_offset", "grad_fn", "is_leaf", "grad", "format", "repr",
-    "is_sparse", "is_quantized", "is_meta", "is_nested", "untyped_storage", "_version", "output_nr",
-}
-
-_RULES: Registry = Registry("integrand rule")
-_GENERATION = [0]  # bumped by every registration: traces made before it may differ (the plan cache's key)
-
-
-def registry_generation() -> int:
-    """How many registrations :func:`register_integrand` has made (part of the plan cache's key)."""
-    return _GENERATION[0]
-
-
-def register_integrand(name: str, rule: Callable | None = None):
-    """Register a torch function (by name) as elementwise, or give it a symbolic rule.
-
-    ``register_integrand("my_op")`` declares ``torch.my_op`` elementwise, so a
-    term using it goes to the fused tier. ``register_integrand("my_op", rule)``
-    (or as a decorator) installs ``rule(func, args, kwargs) -> Expr | None``;
-    returning ``None`` falls back to the elementwise treatment.
-    """
-    _GENERATION[0] += 1
-    if rule is None:
-        ELEMENTWISE_OPS.add(name)
-
-        def decorator(r):
-            _GENERATION[0] += 1
-            return _RULES.register(name, r)
-
-        return decorator
-    ELEMENTWISE_OPS.add(name)
-    return _RULES.register(name, rule)
-
-
-def _is_in_place(raw: str) -> bool:
-    """``add_``, ``mul_``, ``__iadd__``, …: ops that mutate their first argument."""
-    if raw.startswith("__") and raw.endswith("__"):
-        return raw[2:3] == "i" and raw[2:-2] not in ("index", "int", "invert")
-    return raw.endswith("_") and not raw.startswith("_")
-
-
-def _normalise_name(func) -> str:
-    name = getattr(func, "__name__", "")
-    if name in ("__get__", "__set__"):  # property access on Tensor
-        owner = getattr(func, "__self__", None)
-        name = getattr(owner, "__name__", "") or name
-    if name.startswith("__") and name.endswith("__"):
-        name = name[2:-2]
-        if name in ("float", "int", "index", "bool"):
-            return {"float": "float_", "int": "int_", "index": "index", "bool": "bool_"}[name]
-    return name.rstrip("_") if not name.startswith("_") else name
 
 
 # --------------------------------------------------------------------------- the traced tensor
@@ -445,14 +59,14 @@ class Traced(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        name = _normalise_name(func)
+        name = normalise_name(func)
         with torch._C.DisableTorchFunctionSubclass():
             if name in METADATA or name.startswith("_"):
                 return func(*tree_map(_real, args), **tree_map(_real, kwargs))
         if name in ESCAPES:
             raise OpaqueIntegrand(f"`{name}` converts a traced value to Python (data-dependent control flow)")
         raw = getattr(func, "__name__", "")
-        if _is_in_place(raw) or kwargs.get("out") is not None:
+        if is_in_place(raw) or kwargs.get("out") is not None:
             raise OpaqueIntegrand(f"in-place op `{raw}` on a traced value")
         with torch._C.DisableTorchFunctionSubclass(), torch.no_grad():
             real = func(*tree_map(_real, args), **tree_map(_real, kwargs))
@@ -476,8 +90,8 @@ def _expr_of(x) -> Expr | None:
 
 
 def _symbolic(name: str, func, args, kwargs, real: torch.Tensor) -> Expr:
-    if name in _RULES:
-        out = _RULES[name](func, args, kwargs)
+    if name in RULES:
+        out = RULES[name](func, args, kwargs)
         if out is not None:
             return out
     if name in IDENTITY_OPS or (name in ("to", "float", "double", "type_as") and _same_dtype(args, real)):
@@ -552,7 +166,7 @@ def _shape_of(x) -> tuple:
 def _add(a: Expr, b: Expr, real) -> Expr:
     ea, eb = a.elementwise, b.elementwise
     if ea is not None and eb is not None:
-        return Expr.of(Elementwise(_add_poly(ea.poly, eb.poly), ea.programs + eb.programs))
+        return Expr.of(Elementwise(add_poly(ea.poly, eb.poly), ea.programs + eb.programs))
     return Expr(_pieces_at(a, real) + _pieces_at(b, real))
 
 
@@ -567,7 +181,7 @@ def _pieces_at(e: Expr, real) -> tuple:
 def _neg(a: Expr) -> Expr:
     e = a.elementwise
     if e is not None:
-        return Expr.of(Elementwise(_scale_poly(e.poly, -1.0), tuple(Call(torch.neg, (p,), {}) for p in e.programs)))
+        return Expr.of(Elementwise(scale_poly(e.poly, -1.0), tuple(Call(torch.neg, (p,), {}) for p in e.programs)))
     return Expr(tuple(Piece(p.expr, p.chain + (torch.neg,)) for p in a.pieces))
 
 
@@ -592,7 +206,7 @@ def _mul(a, b, func, kwargs, real) -> Expr:
         if ea is None or eb is None:
             raise OpaqueIntegrand("product of a reduced term with another term")
         if ea.is_poly() and eb.is_poly():
-            return Expr.of(Elementwise(_mul_poly(ea.poly, eb.poly)))
+            return Expr.of(Elementwise(mul_poly(ea.poly, eb.poly)))
         return Expr.of(Elementwise({}, (Call(torch.mul, (ea.node(), eb.node()), {}),)))
     if ta:
         return _scale_expr(a._expr, b, real)
@@ -621,12 +235,12 @@ def _pow(base, exponent, real) -> Expr:
     e = base._expr.elementwise
     if e is None:
         raise OpaqueIntegrand("power of a reduced term")
-    k = _scalar_int(exponent)
+    k = scalar_int(exponent)
     if e.is_poly() and k is not None:
         if k >= 0:
             out = {(0, 0): 1.0}
             for _ in range(k):
-                out = _mul_poly(out, e.poly)
+                out = mul_poly(out, e.poly)
             return Expr.of(Elementwise(out))
         if len(e.poly) == 1:
             ((a, b), c), = e.poly.items()
@@ -643,7 +257,7 @@ def _log(x, real) -> Expr:
         return const_expr(torch.log(x))
     if e.is_poly() and len(e.poly) == 1:
         ((a, b), c), = e.poly.items()
-        if b == 0 and _positive_const(c):
+        if b == 0 and positive_const(c):
             logc = math.log(c) if isinstance(c, (int, float)) else torch.log(c)
             if a == 0:
                 return const_expr(logc)
@@ -659,7 +273,7 @@ def _exp(x, real) -> Expr:
     if e is None:
         raise OpaqueIntegrand("exp of a reduced term")
     if e.is_poly() and set(e.poly) <= {(0, 1), (0, 0)}:
-        k = _scalar_int(e.poly.get((0, 1), 0))
+        k = scalar_int(e.poly.get((0, 1), 0))
         if k is not None:
             c0 = e.poly.get((0, 0), 0.0)
             c = math.exp(c0) if isinstance(c0, (int, float)) else torch.exp(c0)
@@ -670,7 +284,7 @@ def _exp(x, real) -> Expr:
 def _linear(func, args, kwargs, real) -> Expr:
     traced = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, Traced)]
     if len(traced) != 1 or not (isinstance(args[0], Traced)):
-        raise OpaqueIntegrand(f"`{_func_name(func)}` with the traced value in an unexpected position")
+        raise OpaqueIntegrand(f"`{func_name(func)}` with the traced value in an unexpected position")
     src = args[0]
     rest, kw = args[1:], kwargs
 
@@ -686,7 +300,7 @@ def _elementwise_call(func, args, kwargs) -> Expr:
         if isinstance(x, Traced):
             e = x._expr.elementwise
             if e is None:
-                raise OpaqueIntegrand(f"elementwise `{_func_name(func)}` applied to a reduced term")
+                raise OpaqueIntegrand(f"elementwise `{func_name(func)}` applied to a reduced term")
             return e.node()
         return x
 

@@ -1,7 +1,7 @@
 """The plan cache: trace an integrand once, reuse the trace while that is provably safe.
 
 :func:`mcgraph.expectation` (and everything built on it: :func:`mcgraph.kl_divergence`,
-``mg.nn.kl``, ``mg.nn.elbo``, a layer's KL) needs a :class:`~mcgraph.engine.trace.TraceResult`
+``mg.nn.kl``, ``mg.nn.elbo``, a layer's KL) needs a :class:`~mcgraph.engine.plan.tracer.TraceResult`
 of ``fn``. Tracing calls ``fn`` on a real sample of the distribution's shape, one P-sized
 draw plus every operation of ``fn`` on it. The trace is a function of
 
@@ -75,8 +75,9 @@ from torch.distributions import Distribution
 from torch.distributions.constraints import Constraint
 from torch.distributions.transforms import Transform
 
-from . import trace as integrands
-from .trace import Node, TraceResult, trace
+from . import ir, ops
+from .ir import Node
+from .tracer import TraceResult, trace
 
 __all__ = ["CacheInfo", "DEFAULT_MAX_SIZE", "MAX_BYTES", "SMALL_TENSOR_BYTES", "cached_trace", "clear",
            "disabled", "info", "set_enabled", "set_max_size"]
@@ -341,8 +342,8 @@ def _global_names(code: types.CodeType) -> tuple:
 
 def _registry_state() -> tuple:
     """What of the integrand registry a trace depends on (edits of its sets and rules included)."""
-    rules = integrands._RULES
-    return (integrands.registry_generation(), len(integrands.ELEMENTWISE_OPS), len(integrands.LINEAR_OPS),
+    rules = ops.RULES
+    return (ops.registry_generation(), len(ops.ELEMENTWISE_OPS), len(ops.LINEAR_OPS),
             tuple(rules), tuple(map(id, rules.values())))
 
 
@@ -396,12 +397,12 @@ def _node_tensors(node) -> list:
     stack = [node]
     while stack:  # the functions the program calls may hold tensors too (a registered rule's closure)
         n = stack.pop()
-        if isinstance(n, integrands.Call):
+        if isinstance(n, ir.Call):
             out.extend(_callable_tensors(n.func))
             stack.extend(x for x in (*n.args, *n.kwargs.values()) if isinstance(x, Node))
-        elif isinstance(n, integrands.SumNode):
+        elif isinstance(n, ir.SumNode):
             stack.extend(n.parts)
-        elif not isinstance(n, (integrands.Var, integrands.PolyNode)):
+        elif not isinstance(n, (ir.Var, ir.PolyNode)):
             raise _Uncacheable(f"the trace holds a {type(n).__name__} program node")
     return out
 

@@ -16,7 +16,7 @@ A :class:`Registry` is a ``dict`` (so ``PRIORS["laplace"]``, ``"normal" in POSTE
 
 Example:
     >>> import torch
-    >>> from mcgraph.engine.registry import Registry
+    >>> from mcgraph.registry import Registry
     >>> RULES = Registry("layer KL rule", by_type=True)
     >>> @RULES.register((torch.distributions.Normal, torch.distributions.Distribution))
     ... def normal_anything(q, p): ...

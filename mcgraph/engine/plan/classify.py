@@ -23,11 +23,13 @@ import enum
 import math
 from dataclasses import dataclass
 
-from . import backend
-from .methods import ENGINE_METHODS, parse_method
+from ..noise import backends as backend
+from ..methods import ENGINE_METHODS, parse_method
 from .families import GenericForm, SamplingForm, is_exp
-from .moments import NoExactMoment, exact_statistic
-from .trace import Elementwise, Node, PolyNode, SumNode, TraceResult, captured_tensors, format_monomial, format_poly
+from ..noise.moments import NoExactMoment, exact_statistic
+from .algebra import Elementwise
+from .ir import Node, PolyNode, SumNode, captured_tensors, format_monomial, format_poly
+from .tracer import TraceResult
 
 
 class Tier(str, enum.Enum):
@@ -93,7 +95,7 @@ class Plan:
 
     Attributes:
         form, trace, terms, method: the sampling form, the traced integrand, the terms, the method.
-        cache: where the trace came from (:mod:`mcgraph.engine.plan_cache`): ``"hit"`` (reused, no sample
+        cache: where the trace came from (:mod:`mcgraph.engine.plan.cache`): ``"hit"`` (reused, no sample
             drawn), ``"stored"`` (traced on this call and kept), ``"not stored"`` (traced on this
             call; ``cache_reason`` says why it is not kept), ``"off"`` (cache disabled) or ``""``
             (classified outside the functional API).
@@ -348,8 +350,8 @@ def classify(form, trace: TraceResult, method: str = "auto", taylor_order: int |
     """Split the traced integrand into terms and give each a tier.
 
     Args:
-        form: the distribution's sampling form (:func:`mcgraph.engine.families.family_of`).
-        trace: the traced integrand (:func:`mcgraph.engine.trace.trace`).
+        form: the distribution's sampling form (:func:`mcgraph.engine.plan.families.family_of`).
+        trace: the traced integrand (:func:`mcgraph.engine.plan.tracer.trace`).
         method: ``"auto"`` or a forced tier (``"collapsed"``, ``"collapsed-exact"``,
             ``"fused"``, ``"chunked"``, ``"direct"``).
         taylor_order: opt-in Taylor approximation (§4.1) of non-collapsible elementwise

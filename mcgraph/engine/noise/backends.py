@@ -9,11 +9,11 @@
   before :mod:`mcgraph.kernels` is first imported (tests do this).
 
 The noise stream of a CPU form (:func:`stream_kind`). CPU tensors may read their noise
-from the compiled Philox stream (:mod:`mcgraph.engine.cpu_philox`: the Triton layout, drawn and
+from the compiled Philox stream (:mod:`mcgraph.engine.noise.cpu_philox`: the Triton layout, drawn and
 reduced to the collapsed statistics in one OpenMP loop) instead of torch's generator.
-Radial forms read its rows (the Triton Radial layout, :func:`mcgraph.engine.cpu_philox.rows`); their
+Radial forms read its rows (the Triton Radial layout, :func:`mcgraph.engine.noise.cpu_philox.rows`); their
 collapsed statistics of positive powers are summed over those rows, chunk by chunk, by
-:func:`mcgraph.engine.cpu_philox.radial_statistics` (others: reduced from the rows in torch):
+:func:`mcgraph.engine.noise.cpu_philox.radial_statistics` (others: reduced from the rows in torch):
 
 * ``MCGRAPH_BACKEND=cpu-philox``: every CPU form whose noise law the stream draws, at any M.
 * ``auto`` (the default): the same, but only from :data:`CPU_PHILOX_AUTO_MIN_DRAWS` draws
@@ -22,7 +22,7 @@ collapsed statistics of positive powers are summed over those rows, chunk by chu
 * ``torch``: never.
 
 In both cases the library must build (once per machine, on first need: about a second
-with a C++ compiler; :func:`mcgraph.engine.cpu_philox.extension`); if it cannot, the torch
+with a C++ compiler; :func:`mcgraph.engine.noise.cpu_philox.extension`); if it cannot, the torch
 stream runs, silently, and ``explain`` says why. The choice depends only on the form
 (device, dtype, noise law), M and ``MCGRAPH_BACKEND`` — never on the method, the chunk
 size or the thread count — so every method consumes the same noise for a given seed.
@@ -49,7 +49,6 @@ from enum import Enum
 
 import torch
 
-from .shapes import broadcasts_to
 
 #: The environment variable that overrides the automatic choice.
 ENV_VAR = "MCGRAPH_BACKEND"
@@ -146,17 +145,13 @@ def backend_for(tensor: torch.Tensor) -> str:
                        f"(cuda, or cpu under TRITON_INTERPRET=1)")
 
 
-def _kernels(module: str):
-    return importlib.import_module(f"mcgraph.kernels.{module}")
-
-
 # --------------------------------------------------------------------------- engine noise laws → Triton
 
 
 @functools.lru_cache(maxsize=None)
 def _standard_laws() -> dict[int, str]:
     """``id(law) → name`` of the engine's standard noise laws that have a Triton counterpart (module constants)."""
-    from . import noise as nz
+    from . import laws as nz
 
     return {id(nz.STANDARD_NORMAL): "normal", id(nz.STANDARD_LAPLACE): "laplace",
             id(nz.STANDARD_LOGISTIC): "logistic", id(nz.STANDARD_CAUCHY): "cauchy",
@@ -182,23 +177,20 @@ def triton_noise(form) -> tuple[str, int] | None:
     return None
 
 
-def _triton_form(form) -> tuple[str, int] | None:
-    """The Triton noise of a :class:`~mcgraph.engine.families.SamplingForm` on the Triton backend, else ``None``."""
-    from .families import SamplingForm
-
-    if not isinstance(form, SamplingForm) or backend_for(form.scale) != "triton":
+def triton_form(form) -> tuple[str, int] | None:
+    """The Triton noise of a :class:`~mcgraph.engine.plan.families.SamplingForm` on the Triton backend, else ``None``."""
+    if getattr(form, "noise", None) is None or backend_for(form.scale) != "triton":
         return None
     return triton_noise(form)
 
 
 def cpu_philox_law(form) -> str | None:
-    """The compiled CPU stream's law for ``form`` (a CPU :class:`~mcgraph.engine.families.SamplingForm` with a
-    floating dtype and a law of :data:`mcgraph.engine.cpu_philox.ROW_LAWS`: the elementwise laws, or
+    """The compiled CPU stream's law for ``form`` (a CPU :class:`~mcgraph.engine.plan.families.SamplingForm` with a
+    floating dtype and a law of :data:`mcgraph.engine.noise.cpu_philox.ROW_LAWS`: the elementwise laws, or
     ``"radial"``, whose statistics are reduced from the rows), else ``None``. Builds nothing."""
     from .cpu_philox import ROW_LAWS
-    from .families import SamplingForm
 
-    if not isinstance(form, SamplingForm) or form.device.type != "cpu" or not form.dtype.is_floating_point:
+    if getattr(form, "noise", None) is None or form.device.type != "cpu" or not form.dtype.is_floating_point:
         return None
     noise = triton_noise(form)
     if noise is None or noise[0] not in ROW_LAWS or (noise[1] != 0 and noise[0] != "radial"):
@@ -226,7 +218,7 @@ def stream_kind(form, num_samples: int) -> str:
         >>> stream_kind(form, 10)  # 30 draws: below the auto threshold
         'torch'
     """
-    if _triton_form(form) is not None:
+    if triton_form(form) is not None:
         return "triton"
     if cpu_philox_law(form) is None or not _cpu_philox_wanted(form, num_samples):
         return "torch"
@@ -239,7 +231,7 @@ def describe_stream(form) -> str:
     """``explain``'s line on the noise stream of ``form`` (builds nothing)."""
     from . import cpu_philox
 
-    if _triton_form(form) is not None:
+    if triton_form(form) is not None:
         return "Philox4x32-10 in the Triton kernels (backend triton)"
     torch_stream = "torch's generator, blocks seeded by mix_seed(seed, block)"
     law = cpu_philox_law(form)
@@ -260,7 +252,7 @@ def describe_stream(form) -> str:
 
 def noise_stream(form, seed: int, num_samples: int):
     """The Triton or compiled CPU noise stream of ``form`` (``rows``/``chunks`` like
-    :class:`mcgraph.engine.noise.BlockStream`), or ``None`` for the torch stream (:func:`stream_kind`).
+    :class:`mcgraph.engine.noise.streams.BlockStream`), or ``None`` for the torch stream (:func:`stream_kind`).
 
     Engine hook: the first statement of ``mcgraph.engine.estimators.sampling.stream_for``, so the
     direct, chunked, collapsed and torch-fused estimators read the same ξ as the kernels.
@@ -273,8 +265,10 @@ def noise_stream(form, seed: int, num_samples: int):
                                event_ndims=triton_noise(form)[1])
     if kind != "triton":
         return None
-    name, event_ndims = _triton_form(form)
-    return _kernels("noise_laws").TritonNoiseStream(name, form.noise_shape, num_samples, seed, form.dtype,
+    name, event_ndims = triton_form(form)
+    from mcgraph.kernels.noise_laws import TritonNoiseStream
+
+    return TritonNoiseStream(name, form.noise_shape, num_samples, seed, form.dtype,
                                                     form.device, event_ndims=event_ndims)
 
 
@@ -297,8 +291,10 @@ def noise_statistics(form, keys, seed: int, num_samples: int) -> dict | None:
                                      tuple(sorted(keys)), form.dtype)
     if kind != "triton":
         return None
-    name, event_ndims = _triton_form(form)
-    return _kernels("noise_stats").noise_statistics(name, tuple(form.noise_shape), num_samples, seed,
+    name, event_ndims = triton_form(form)
+    from mcgraph.kernels.noise_stats import noise_statistics as triton_statistics
+
+    return triton_statistics(name, tuple(form.noise_shape), num_samples, seed,
                                                     tuple(sorted(keys)), form.dtype, form.device,
                                                     event_ndims=event_ndims)
 
@@ -331,88 +327,3 @@ def has_noise_sums(form, keys, num_samples: int) -> bool:
     from . import cpu_philox
 
     return cpu_philox.sums_cover(cpu_philox_law(form), keys)
-
-
-def log_prob_kernel(q, p, method: str = "fused") -> tuple | None:
-    """The fused Triton kernel's plan for ``E_q[log p(w)]``: ``(form, kind, law name, event_ndims, base)``
-    (``base``: ``p`` without its ``Independent`` wrappers), or ``None`` when the kernel does not apply
-    (builds and launches nothing).
-
-    It applies when ``q``'s family is on the Triton backend with a Triton noise law, its transforms
-    are none or one ``exp``, ``p`` (or its ``Independent`` base) has a registered Triton log-density,
-    ``p``'s shape broadcasts into ``q``'s, and, under a ``method`` other than ``"fused"``, the engine
-    would put the whole term in the fused tier anyway
-    (:func:`mcgraph.engine.log_densities.kernel_takes_whole_term`: no polynomial term, which
-    ``"auto"`` takes exactly), as on the CPU.
-    """
-    from .families import family_of, is_exp
-    from .log_densities import kernel_takes_whole_term, log_density
-
-    form = family_of(q)
-    noise = _triton_form(form)
-    if noise is None or tuple(form.noise_shape) != tuple(form.shape):
-        return None
-    if not form.transforms:
-        kind = "scaling" if form.is_scaling else "location_scale"
-    elif len(form.transforms) == 1 and is_exp(form.transforms[0]) and not form.is_scaling:
-        kind = "exp"
-    else:
-        return None
-    base, _ = _kernels("fused_elementwise").unwrap_independent(p)
-    if _kernels("integrands").integrand_entry(type(base)) is None:
-        return None
-    if not kernel_takes_whole_term(log_density(type(base)), kind, method):
-        return None  # the engine's plan: the polynomial terms exact ("auto") or collapsed
-    if not broadcasts_to(p.batch_shape + p.event_shape, form.shape):
-        return None
-    return (form, kind, *noise, base)
-
-
-def log_prob_expectation(q, p, num_samples: int, seed: int, *, sum_rightmost: int = 0,
-                         method: str = "fused") -> torch.Tensor | None:
-    """``E_q[Σ_rightmost log p(w)]`` by the fused Triton kernel, or ``None`` when it does not apply
-    (:func:`log_prob_kernel`). Engine hook: ``mcgraph.engine.api.kl_divergence`` for the cross term, when
-    ``method`` is ``"auto"``, ``"monte-carlo"`` or ``"fused"`` (on the CPU backend the hook asks
-    :mod:`mcgraph.engine.estimators.cpu_fused` instead).
-    """
-    found = log_prob_kernel(q, p, method)
-    if found is None:
-        return None
-    form, kind, name, event_ndims, _ = found
-    value = _kernels("fused_elementwise").fused_log_prob_expectation(
-        p, form.loc, form.scale, kind, num_samples, seed, noise=name, event_ndims=event_ndims,
-        shape=form.noise_shape)
-    return value.sum(tuple(range(-sum_rightmost, 0))) if sum_rightmost > 0 else value
-
-
-def softmax_cross_entropy_mc(mean_logits: torch.Tensor, std_logits: torch.Tensor, targets: torch.Tensor,
-                             num_samples: int, seed: int | None = None,
-                             chunk_size: int | None = None) -> torch.Tensor:
-    """Expected cross-entropy of Gaussian logits ``u = mean + std·ε`` per row, on the backend of ``mean_logits``.
-
-    .. math::
-        L_b = \\frac1M \\sum_{i=1}^M \\Big[\\log\\sum_k e^{u_{ibk}} - u_{ib y_b}\\Big]
-
-    Triton: ε in registers, memory O(B·K) for any M. Torch: chunks of ``chunk_size``
-    samples, memory O(chunk·B·K). The two backends use different noise streams.
-
-    Args:
-        mean_logits: (*, K); std_logits: (*, K) or broadcastable; targets: (*) ints in [0, K).
-        num_samples: M ≥ 1; seed: ``None`` draws one from torch's global generator.
-        chunk_size: torch backend only.
-
-    Returns:
-        (*) per-row expected NLL, differentiable in ``mean_logits`` and ``std_logits``.
-
-    Example:
-        >>> m = torch.zeros(2, 3, requires_grad=True)
-        >>> softmax_cross_entropy_mc(m, torch.ones(2, 3), torch.tensor([0, 2]), 10, seed=0).shape
-        torch.Size([2])
-    """
-    from .noise import resolve_seed
-
-    seed = resolve_seed(seed)
-    if backend_for(mean_logits) == "triton":
-        return _kernels("softmax_mc").softmax_cross_entropy_mc(mean_logits, std_logits, targets, num_samples, seed)
-    return _kernels("reference").softmax_cross_entropy_mc_torch(mean_logits, std_logits, targets, num_samples,
-                                                                seed=seed, chunk_size=chunk_size)

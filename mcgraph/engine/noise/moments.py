@@ -32,7 +32,7 @@ of M = 1 (and, for the Monte Carlo tiers, the exact variance of the estimator).
 
 Cauchy and half-Cauchy noise have no moments of order ≥ 1: no exact form.
 
-A law's moments are an attribute of :class:`mcgraph.engine.noise.NoiseLaw` (``moments``);
+A law's moments are an attribute of :class:`mcgraph.engine.noise.laws.NoiseLaw` (``moments``);
 a new law is exact once it carries a :class:`PowerMoments` or :class:`LogMoments`.
 """
 
@@ -237,7 +237,7 @@ def exact_statistic(moments, key: tuple[int, int], noise_shape=()) -> torch.Tens
     """``E[ξ^a (log ξ)^j]`` in float64, or :class:`NoExactMoment` with the reason.
 
     Example:
-        >>> from mcgraph.engine import moments
+        >>> from mcgraph.engine.noise import moments
         >>> float(moments.exact_statistic(moments.LAPLACE, (4, 0)))           # 4! for Laplace(0, 1)
         24.0
         >>> round(float(moments.exact_statistic(moments.EXPONENTIAL, (0, 1))), 6)   # E log ξ = −γ
@@ -245,7 +245,7 @@ def exact_statistic(moments, key: tuple[int, int], noise_shape=()) -> torch.Tens
     """
     a, j = key
     if moments is None:
-        raise NoExactMoment("its moments are not registered (mcgraph.engine.moments)")
+        raise NoExactMoment("its moments are not registered (mcgraph.engine.noise.moments)")
     if isinstance(moments, PowerMoments):
         if j:
             raise NoExactMoment("log ξ of a location-scale noise has no exact form here")

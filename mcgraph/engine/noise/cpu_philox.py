@@ -24,7 +24,7 @@ threads) without materialising the noise. Sums are kept in float64;
 the order of the final sum over sample segments depends on (M, P) only, so the
 statistics do not change with the number of threads.
 
-The library (``mcgraph/engine/csrc/cpu_philox.cpp``, plain C++ with OpenMP, no torch headers) is
+The library (``mcgraph/engine/noise/csrc/cpu_philox.cpp``, plain C++ with OpenMP, no torch headers) is
 compiled on first use, never at import: one ``$CXX`` (default ``c++``) call with ``-O3
 -march=native -fopenmp`` (about a second), into ``$TORCH_EXTENSIONS_DIR`` (default
 ``~/.cache/torch_extensions``), and loaded with :mod:`ctypes`; later processes load the
@@ -33,11 +33,11 @@ loaded once) with ``torch.get_num_threads()`` threads. The build's name hashes t
 source, the flags and the CPU's instruction-set flags, so a cache shared between
 machines never loads code built for another CPU. When the build fails (no compiler:
 ``CXX`` names a missing program, or none is installed) :func:`extension` returns
-``None``, :func:`unavailable_reason` says why, and :mod:`mcgraph.engine.backend` keeps the
+``None``, :func:`unavailable_reason` says why, and :mod:`mcgraph.engine.noise.backends` keeps the
 torch stream.
 
 Example:
-    >>> from mcgraph.engine import cpu_philox
+    >>> from mcgraph.engine.noise import cpu_philox
     >>> if cpu_philox.extension() is not None:  # builds on first use (tens of seconds, once)
     ...     xi = cpu_philox.rows("normal", (3, 4), 0, 8, seed=0)
     ...     assert xi.shape == (8, 3, 4)
@@ -51,9 +51,9 @@ import pathlib
 
 import torch
 
-from . import native
+from .. import native
 
-#: Elementwise noise laws the compiled stream draws and reduces (``mcgraph.engine.backend.triton_noise``
+#: Elementwise noise laws the compiled stream draws and reduces (``mcgraph.engine.noise.backends.triton_noise``
 #: names) → the C++ law code.
 LAWS = {"normal": 0, "laplace": 1, "logistic": 2, "cauchy": 3, "gumbel": 4, "uniform": 5, "exponential": 6,
         "half_normal": 7, "half_cauchy": 8, "rayleigh": 9}
@@ -365,7 +365,7 @@ def _radial_power_sums(shape: tuple, first: int, last: int, seed: int, drawn: li
                        event_ndims: int, chunk_size: int | None) -> torch.Tensor:
     """``(len(drawn), P)`` float64 sums of ξ_i^a over samples ``[first, last)``, chunk by chunk (see
     :func:`radial_statistics`)."""
-    from .noise import _POOL  # the block pool of mcgraph.engine.noise.reuse_noise_blocks
+    from .streams import _POOL  # the block pool of mcgraph.engine.noise.streams.reuse_noise_blocks
 
     numel = math.prod(shape)
     acc = torch.zeros((len(drawn), numel), dtype=torch.float64)
@@ -500,7 +500,7 @@ def _law_sums(code: int, numel: int, first: int, count: int, seed: int, drawn: l
 
 
 class PhiloxCPUStream:
-    """Rows of the compiled stream with the interface of :class:`mcgraph.engine.noise.BlockStream`.
+    """Rows of the compiled stream with the interface of :class:`mcgraph.engine.noise.streams.BlockStream`.
 
     The direct, chunked and fused estimators read their rows through this object, so
     they consume the same ξ as :func:`statistics` (the same-seed contract on this stream).

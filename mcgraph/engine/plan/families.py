@@ -46,9 +46,9 @@ from torch.distributions import (
     Weibull,
 )
 
-from . import noise as nz
-from .registry import Registry
-from ..distributions import Logistic, Radial, Rayleigh
+from ..noise import laws as nz
+from ...registry import Registry
+from ...distributions import Logistic, Radial, Rayleigh
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,8 +96,8 @@ class SamplingForm:
     def draw_noise(self, n: int, out: torch.Tensor | None = None, work=None) -> torch.Tensor:
         """n draws of ξ, shape ``(n, *noise_shape)`` (global RNG: call inside ``seeded``).
 
-        ``out`` and ``work`` (a :class:`mcgraph.engine.noise.Workspace`) only say where the draw is
-        written (see :meth:`mcgraph.engine.noise.NoiseLaw.sample`); the values are the same.
+        ``out`` and ``work`` (a :class:`mcgraph.engine.noise.streams.Workspace`) only say where the draw is
+        written (see :meth:`mcgraph.engine.noise.laws.NoiseLaw.sample`); the values are the same.
         """
         return self.noise.sample((n,) + tuple(self.noise_shape), self.dtype, self.device, out=out, work=work)
 
