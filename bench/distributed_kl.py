@@ -1,6 +1,6 @@
 """KL of a Bayesian ResNet-18 on 1 vs R processes: MC samples split over a gloo group.
 
-    python bench/distributed_kl.py --num-samples 1000 --procs 1 2 --out bench/out
+    python -m bench.distributed_kl --num-samples 1000 --procs 1 2 --out bench/out
 
 For each R in ``--procs`` the script spawns R processes that join a gloo group (FileStore in
 a temporary directory; loopback only), build the same bayesified ResNet-18 (Radial posterior,

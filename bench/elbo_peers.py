@@ -37,7 +37,7 @@ peer's at every M ≥ 16) follow.
 
 Usage (``make interop`` installs the peers)::
 
-    python bench/elbo_peers.py --samples 1 16 64 256 --interleaved --out bench/results/elbo_peers.jsonl
+    python -m bench.elbo_peers --samples 1 16 64 256 --interleaved --out bench/results/elbo_peers.jsonl
 """
 
 from __future__ import annotations
@@ -55,9 +55,10 @@ import torch.nn.functional as F
 
 import mcgraph as mg
 from mcgraph.apps import atomic_io
-from mcgraph.apps.bench.measure import peak_rss_bytes
+from bench.harness.measure import peak_rss_bytes
 from mcgraph.apps.training_run import mlp
-from mcgraph.apps.bench.records import git_commit
+from bench.harness.records import git_commit
+from bench import child_env
 
 SIZES = (784, 1000, 1000, 10)
 BATCH, DATASET = 32, 60_000
@@ -308,9 +309,9 @@ def interleaved_times(peer: str, M: int, reps: int) -> dict:
 
 
 def _run_one(args, provider: str, M: int, grad_samples: int) -> dict | None:
-    cmd = [sys.executable, __file__, "--one", provider, str(M), "--reps", str(args.reps), "--grad-samples",
+    cmd = [sys.executable, "-m", "bench.elbo_peers", "--one", provider, str(M), "--reps", str(args.reps), "--grad-samples",
            str(grad_samples), "--threads", str(args.threads), "--sizes", *map(str, SIZES)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=child_env())
     if done.returncode:
         print(f"{provider} M={M} failed:\n{done.stderr[-2000:]}", file=sys.stderr)
         return None

@@ -1,6 +1,6 @@
 """The fused tier's chunk bodies side by side: autograd (before), forward rules eager, compiled.
 
-    python bench/fused_body.py --pairs normal-scalemix normal-laplace --P 16384 --M 1000 --threads 1 2
+    python -m bench.fused_body --pairs normal-scalemix normal-laplace --P 16384 --M 1000 --threads 1 2
 
 One process, interleaved rounds, best of ``--repeats``: for each KL pair and thread count it
 times ``KL(q ‖ p)`` forward + backward by the fused tier (``KLCase.run("fused", …)``) with each
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from mcgraph.apps import atomic_io
-from mcgraph.apps.bench.workloads import KLCase, randn_floor
+from bench.harness.workloads import KLCase, randn_floor
 from mcgraph.engine.estimators import fused_body
 from mcgraph.engine.estimators.sampling import default_chunk, stream_for
 

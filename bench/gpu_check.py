@@ -15,9 +15,9 @@ out-of-memory leaves the others' results:
 4. ``peer_mlp`` — the bayesian-torch MLP of ``bench/elbo_peers.py`` (784-1000-1000-10) at
    M ∈ {1, 16, 256, 1000}: bayesian-torch's own M-sample loop, the same model converted with
    ``mcgraph.interop.bayesian_torch.to_mcgraph``, and ``mg.nn.bayesify``'s MLP; peak memory and time.
-5. ``ivon_speed`` — ``bench/ivon_speed.py --device cuda``: IVON's K = 1 step against Adam's (and
+5. ``ivon_speed`` — ``python -m bench.ivon_speed --device cuda``: IVON's K = 1 step against Adam's (and
    ivon-opt's, when installed) on the peer MLP and LeNet-5.
-6. ``optim_samples`` — ``bench/optim_samples.py --device cuda``: IVON's and VOGN's K = 8 batched step
+6. ``optim_samples`` — ``python -m bench.optim_samples --device cuda``: IVON's and VOGN's K = 8 batched step
    against K = 1 on the peer MLP (time and peak CUDA memory).
 
 Results go to ``bench/results/gpu-<date>.json`` and ``.md`` (``--out-dir``). ``--smoke`` runs
@@ -27,7 +27,7 @@ keeps the script from rotting; its figures mean nothing.
 Usage::
 
     make gpu-check                                   # on a machine with CUDA
-    python bench/gpu_check.py --smoke --out-dir /tmp/gpu-smoke
+    python -m bench.gpu_check --smoke --out-dir /tmp/gpu-smoke
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def kernels_bench(args, out_dir: Path) -> dict:
     csv_path = out_dir / f"kernels-{args.date}.csv"
     if csv_path.exists():
         csv_path.unlink()
-    cmd = [sys.executable, "bench/kernels.py", "--out", str(csv_path)]
+    cmd = [sys.executable, "-m", "bench.kernels", "--out", str(csv_path)]
     if args.smoke:
         cmd += ["--smoke"]
     else:
@@ -164,7 +164,7 @@ def resnet18_step(args, out_dir: Path) -> dict:
 
 def peer_mlp(args) -> dict:
     samples = (1, 2) if args.smoke else PEER_SAMPLES
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--peer-mlp-worker", "--samples", *map(str, samples)]
+    cmd = [sys.executable, "-m", "bench.gpu_check", "--peer-mlp-worker", "--samples", *map(str, samples)]
     if args.smoke:
         cmd += ["--smoke"]
     sec = run_section("peer_mlp", cmd, args.timeout_peer, args.smoke)
@@ -181,8 +181,7 @@ def peer_mlp_worker(samples: list[int], smoke: bool) -> int:
     median time of three forward+backward steps; out-of-memory is recorded, not raised."""
     import torch
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    import elbo_peers as ep
+    from bench import elbo_peers as ep
 
     device = torch.device("cpu" if smoke else "cuda")
     if smoke:
@@ -242,7 +241,7 @@ def _jsonl_section(name: str, cmd: list[str], out: Path, timeout: float, args) -
 
 
 def ivon_speed(args, scratch: Path) -> dict:
-    cmd = [sys.executable, "bench/ivon_speed.py"]
+    cmd = [sys.executable, "-m", "bench.ivon_speed"]
     if args.smoke:
         cmd += ["--models", "tiny", "--providers", "adam", "ivon", "--reps", "3"]
     else:
@@ -251,7 +250,7 @@ def ivon_speed(args, scratch: Path) -> dict:
 
 
 def optim_samples(args, scratch: Path) -> dict:
-    cmd = [sys.executable, "bench/optim_samples.py", "--points", "ivon:sequential:1",
+    cmd = [sys.executable, "-m", "bench.optim_samples", "--points", "ivon:sequential:1",
            "ivon:batched:4" if args.smoke else "ivon:batched:8", "vogn:sequential:1",
            "vogn:batched:4" if args.smoke else "vogn:batched:8"]
     cmd += ["--sizes", "12", "16", "16", "3", "--reps", "2"] if args.smoke else ["--device", "cuda", "--reps", "15"]
@@ -351,7 +350,7 @@ def main(argv=None) -> int:
 
     if not args.smoke and not torch.cuda.is_available():
         print("gpu-check: no CUDA device here (torch.cuda.is_available() is False). On a machine without one, "
-              "run `python bench/gpu_check.py --smoke` to exercise the script.", file=sys.stderr)
+              "run `python -m bench.gpu_check --smoke` to exercise the script.", file=sys.stderr)
         return 2
     try:
         import triton
@@ -360,15 +359,14 @@ def main(argv=None) -> int:
         triton_version = "not installed"
     args.date = _dt.date.today().isoformat()
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    sys.path.insert(0, str(ROOT))
-    try:  # the kernels live in ./kernels and are mapped to mcgraph.kernels by the installed package
+    try:  # the kernels live in ./kernels, which mcgraph/kernels links to
         import mcgraph.kernels  # noqa: F401
     except ModuleNotFoundError as err:
         print(f"gpu-check: {err}. mcgraph must be installed in this interpreter ({sys.executable}): run "
               "`python -m pip install --no-deps --no-build-isolation -e .` first, or `make gpu-check` with the "
               "project's virtual environment.", file=sys.stderr)
         return 2
-    from mcgraph.apps.bench.records import git_commit
+    from bench.harness.records import git_commit
     from mcgraph.apps import atomic_io
 
     result = {"date": args.date, "smoke": args.smoke, "torch": torch.__version__, "triton": triton_version,

@@ -26,7 +26,7 @@ around every step and the ratios are then of wall-clock time.
 
 Usage::
 
-    python bench/ivon_speed.py --reps 40 --out bench/results/ivon_speed.jsonl
+    python -m bench.ivon_speed --reps 40 --out bench/results/ivon_speed.jsonl
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 import mcgraph as mg
 from mcgraph.apps import atomic_io
-from mcgraph.apps.bench.records import git_commit
+from bench.harness.records import git_commit
 from mcgraph.apps.training_run import mlp
 
 MODELS = ("tiny", "peer", "lenet5")

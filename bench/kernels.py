@@ -34,8 +34,8 @@ code (timings meaningless, no CSV unless ``--out`` is given).
 
 Usage::
 
-    python bench/kernels.py --out bench/results/kernels.csv
-    python bench/kernels.py --sizes 1000000 --samples 1 100 --max-seconds 5
+    python -m bench.kernels --out bench/results/kernels.csv
+    python -m bench.kernels --sizes 1000000 --samples 1 100 --max-seconds 5
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ if "--smoke" in sys.argv:  # the interpreter must be chosen before the kernels a
 import torch  # noqa: E402
 
 from mcgraph.apps import atomic_io  # noqa: E402
-from mcgraph.apps.bench.records import git_commit  # noqa: E402
+from bench.harness.records import git_commit  # noqa: E402
 
 SIZES = (10**6, 10**7, 10**8)
 SAMPLES = (1, 100, 1000, 10_000)

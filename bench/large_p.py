@@ -1,6 +1,6 @@
 """Large-P targets of the speed issue, side by side with the figures they must beat.
 
-    python bench/large_p.py --P 1000000 --M 100 --threads 1 2 --reps 5 --out bench/results/large_p.jsonl
+    python -m bench.large_p --P 1000000 --M 100 --threads 1 2 --reps 5 --out bench/results/large_p.jsonl
 
 For each thread count, interleaved repeat by repeat in one process (medians of ``--reps`` after one
 warm-up call of each):

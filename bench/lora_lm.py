@@ -37,7 +37,7 @@ for training and for prediction; mcgraph's M = 1 step ≤ 1.3× peft LoRA's) is 
 
 Usage (``make interop`` installs transformers and peft)::
 
-    python bench/lora_lm.py --samples 1 8 32 128 --interleaved --out bench/results/lora_lm.jsonl
+    python -m bench.lora_lm --samples 1 8 32 128 --interleaved --out bench/results/lora_lm.jsonl
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ import torch
 
 import mcgraph as mg
 from mcgraph.apps import atomic_io
-from mcgraph.apps.bench.records import git_commit
+from bench.harness.records import git_commit
+from bench import child_env
 
 TOKEN = "token_categorical"
 TARGETS = "transformer.h.*"  # every Conv1D of the blocks: attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj
@@ -254,9 +255,9 @@ def interleaved_predict(reps: int, s: Sizes, M: int = 8) -> dict:
 
 
 def _run_one(args, mode: str, provider: str, M: int) -> dict | None:
-    cmd = [sys.executable, __file__, "--one", mode, provider, str(M), "--reps", str(args.reps),
+    cmd = [sys.executable, "-m", "bench.lora_lm", "--one", mode, provider, str(M), "--reps", str(args.reps),
            "--threads", str(args.threads)] + _size_args(args)
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=child_env())
     if done.returncode:
         print(f"{mode} {provider} M={M} failed:\n{done.stderr[-2000:]}", file=sys.stderr)
         return None

@@ -25,8 +25,8 @@ The machine may be shared with other jobs: every ratio is measured side by side 
 
 Usage::
 
-    python bench/m1_step.py                    # all modes, prints a table
-    python bench/m1_step.py --modes interleaved --reps 40 --json out.json
+    python -m bench.m1_step                    # all modes, prints a table
+    python -m bench.m1_step --modes interleaved --reps 40 --json out.json
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ import warnings
 
 import torch
 import torch.nn.functional as F
+from bench import child_env
 
 SIZES = (784, 1000, 1000, 10)
 BATCH, DATASET = 32, 60_000
@@ -151,7 +152,7 @@ def fresh(runs: int, steps: int, threads: int) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     for i in range(runs):
         for p in (PROVIDERS if i % 2 == 0 else PROVIDERS[::-1]):
-            r = subprocess.run([sys.executable, __file__, "--child", p, "--fresh-steps", str(steps)],
+            r = subprocess.run([sys.executable, "-m", "bench.m1_step", "--child", p, "--fresh-steps", str(steps)], env=child_env(),
                                capture_output=True, text=True, env=env, check=True)
             rows[p].append(json.loads(r.stdout.strip().splitlines()[-1]))
 

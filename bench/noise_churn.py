@@ -1,8 +1,8 @@
 """KL of a Bayesian network with Radial vs Normal posterior: wall, user and system CPU time.
 
-    python bench/noise_churn.py --model resnet18 --num-samples 200 --threads 2
-    python bench/noise_churn.py --model lenet5 --num-samples 200 --src /path/to/other/checkout
-    python bench/noise_churn.py --workload elbo --posteriors radial --num-samples 1000
+    python -m bench.noise_churn --model resnet18 --num-samples 200 --threads 2
+    python -m bench.noise_churn --model lenet5 --num-samples 200 --src /path/to/other/checkout
+    python -m bench.noise_churn --workload elbo --posteriors radial --num-samples 1000
 
 Each case (posterior × source tree) runs in its own subprocess, cases interleaved repeat by repeat,
 so that a comparison of two checkouts (``--src``, the default is this one) sees the same machine

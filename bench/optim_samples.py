@@ -34,7 +34,7 @@ the device synchronised around each step, the ratios use them, and the memory is
 
 Usage::
 
-    python bench/optim_samples.py --out bench/results/optim_samples.jsonl
+    python -m bench.optim_samples --out bench/results/optim_samples.jsonl
 """
 
 from __future__ import annotations
@@ -52,10 +52,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-import elbo_peers  # noqa: E402  (bench/ is the script's directory: the peer MLP and its data)
+from bench import elbo_peers  # the peer MLP and its data
 import mcgraph as mg
 from mcgraph.apps import atomic_io
-from mcgraph.apps.bench.records import git_commit
+from bench.harness.records import git_commit
+from bench import child_env
 
 POINTS = ("adam:sequential:1", "ivon:sequential:1", "ivon:batched:2", "ivon:batched:4", "ivon:batched:8",
           "ivon:sequential:8", "vogn:sequential:1", "vogn:batched:8", "vogn:sequential:8")
@@ -198,9 +199,9 @@ def interleaved(reps: int) -> dict:
 
 
 def _run_one(args, point: str) -> dict | None:
-    cmd = [sys.executable, __file__, "--one", point, "--reps", str(args.reps), "--threads", str(args.threads),
+    cmd = [sys.executable, "-m", "bench.optim_samples", "--one", point, "--reps", str(args.reps), "--threads", str(args.threads),
            "--device", args.device, *(["--chunk-size", str(args.chunk_size)] if args.chunk_size else []), "--sizes", *map(str, elbo_peers.SIZES)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=child_env())
     if done.returncode:
         print(f"{point} failed:\n{done.stderr[-2000:]}", file=sys.stderr)
         return None

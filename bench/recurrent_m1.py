@@ -12,7 +12,7 @@ rounds, after ``--warmup`` rounds), so machine load hits both alike; the median 
 ratio of the medians are reported per thread count (``torch.set_num_threads``). Rows go to
 ``--out`` (JSON lines), a summary to stdout.
 
-    python bench/recurrent_m1.py --threads 1 2 --reps 41 --out bench/results/recurrent-m1.jsonl
+    python -m bench.recurrent_m1 --threads 1 2 --reps 41 --out bench/results/recurrent-m1.jsonl
 """
 
 from __future__ import annotations

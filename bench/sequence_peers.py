@@ -34,7 +34,7 @@ at every M ≥ 16.
 
 Usage (``make interop`` installs the peers, ``make data`` MNIST)::
 
-    python bench/sequence_peers.py --samples 1 4 16 64 256 --threads 1 --out bench/results/sequence_peers.jsonl
+    python -m bench.sequence_peers --samples 1 4 16 64 256 --threads 1 --out bench/results/sequence_peers.jsonl
 """
 
 from __future__ import annotations
@@ -55,8 +55,9 @@ from torch import nn
 
 import mcgraph as mg
 from mcgraph.apps import atomic_io
-from mcgraph.apps.bench.measure import peak_rss_bytes
-from mcgraph.apps.bench.records import git_commit
+from bench.harness.measure import peak_rss_bytes
+from bench.harness.records import git_commit
+from bench import child_env
 
 HIDDEN, LAYERS, BATCH = 128, 2, 64
 RHO_INIT = -3.0
@@ -250,10 +251,10 @@ def measure(provider: str, M: int, reps: int, batch_file: str | None = None) -> 
 
 
 def _run_one(args, provider: str, M: int, batch_file: Path) -> dict | None:
-    cmd = [sys.executable, __file__, "--one", provider, str(M), "--reps", str(args.reps), "--threads",
+    cmd = [sys.executable, "-m", "bench.sequence_peers", "--one", provider, str(M), "--reps", str(args.reps), "--threads",
            str(args.threads), "--dataset", args.dataset, "--batch-file", str(batch_file), "--chunk-size",
            str(args.chunk_size)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=child_env())
     if done.returncode:
         print(f"{provider} M={M} failed:\n{done.stderr[-2000:]}", file=sys.stderr)
         return None
@@ -359,7 +360,7 @@ def main(argv=None) -> int:
         print(json.dumps(measure(args.one[0], int(args.one[1]), args.reps, args.batch_file)))
         return 0
     if args.markdown:
-        text = markdown(read_rows(Path(args.out)), sorted(args.samples), "python bench/sequence_peers.py "
+        text = markdown(read_rows(Path(args.out)), sorted(args.samples), "python -m bench.sequence_peers "
                         + " ".join(argv if argv is not None else sys.argv[1:]))
         atomic_io.write_text(Path(args.markdown), text)
         print(text)

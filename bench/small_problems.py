@@ -28,7 +28,7 @@ The machine may be shared with other jobs: every ratio is measured side by side 
 
 Usage::
 
-    python bench/small_problems.py [--reps 200] [--threads 1] [--json out.json]
+    python -m bench.small_problems [--reps 200] [--threads 1] [--json out.json]
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ first; the median of the per-repeat times and their ratio are reported. Rows go 
 
 Usage (from the repository root; ``PYTHONPATH=.`` makes the checkout's ``mcgraph`` the one imported)::
 
-    PYTHONPATH=. python bench/stderr_cost.py --params 100000 --samples 1000 --repeats 9 \
+    python -m bench.stderr_cost --params 100000 --samples 1000 --repeats 9 \
         --out bench/results/stderr_cost.jsonl
 """
 
@@ -31,7 +31,7 @@ import torch
 
 import mcgraph as mg
 from mcgraph.apps import atomic_io
-from mcgraph.apps.bench.records import git_commit
+from bench.harness.records import git_commit
 
 
 

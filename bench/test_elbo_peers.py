@@ -3,14 +3,10 @@ tells the peers' shared-buffer loops (wrong ρ-gradients) from mcgraph's (the pe
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location("elbo_peers", pathlib.Path(__file__).with_name("elbo_peers.py"))
-elbo_peers = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(elbo_peers)
+from bench import elbo_peers
 
 
 @pytest.mark.parametrize("provider", elbo_peers.PROVIDERS)

@@ -4,7 +4,7 @@
     pytest bench/ --benchmark-only -k "normal-normal"    # one pair
     pytest bench/ --benchmark-disable                    # CI smoke test: each body runs once
 
-Each benchmark is one forward + backward of a :class:`mcgraph.apps.bench.workloads.Case` with the
+Each benchmark is one forward + backward of a :class:`bench.harness.workloads.Case` with the
 harness's methods; before timing, the method's value and gradients are checked against the
 reference method at the same seed (a benchmark of a wrong answer fails instead of reporting).
 ``extra_info`` carries P, M and the bytes saved for backward, so saved JSON rows show memory too.
@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mcgraph.apps.bench.agreement import Outcome, check_equal, check_same_law
-from mcgraph.apps.bench.workloads import KL_PAIRS, SAME_LAW_ONLY, KLCase, LastLayerCase, randn_floor
+from bench.harness.agreement import Outcome, check_equal, check_same_law
+from bench.harness.workloads import KL_PAIRS, SAME_LAW_ONLY, KLCase, LastLayerCase, randn_floor
 
 P_SMALL = 4096
 M_SMALL = 100

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 
 import pytest
 import torch
 
-_spec = importlib.util.spec_from_file_location("ivon_speed", pathlib.Path(__file__).with_name("ivon_speed.py"))
-ivon_speed = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ivon_speed)
+from bench import ivon_speed
 
 
 @pytest.mark.parametrize("model", ["tiny", "lenet5"])

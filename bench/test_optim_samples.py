@@ -3,16 +3,10 @@ interleaved run times its three points, and the summary states the targets."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-import sys
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))  # the script imports elbo_peers from its directory
-_spec = importlib.util.spec_from_file_location("optim_samples", pathlib.Path(__file__).with_name("optim_samples.py"))
-optim_samples = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(optim_samples)
+from bench import optim_samples
 
 
 @pytest.fixture

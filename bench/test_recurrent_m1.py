@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import pathlib
 
 import torch
 
-_spec = importlib.util.spec_from_file_location("recurrent_m1", pathlib.Path(__file__).with_name("recurrent_m1.py"))
-recurrent_m1 = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(recurrent_m1)
+from bench import recurrent_m1
 
 TINY = (2, 8, 4, 5, 3)
 

@@ -4,15 +4,11 @@ states the targets."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 
 import pytest
 import torch
 
-_spec = importlib.util.spec_from_file_location("sequence_peers", pathlib.Path(__file__).with_name("sequence_peers.py"))
-sequence_peers = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sequence_peers)
+from bench import sequence_peers
 
 pytest.importorskip("sklearn", reason="the digits need scikit-learn")
 
@@ -53,5 +49,5 @@ def test_batch_file_summary_and_fallback_note(tiny, tmp_path):
     assert sequence_peers.predicted_rss(rows, "blitz", 64) is not None
     assert sequence_peers.predicted_rss(rows, "bayesian-torch", 64) is None
     skipped = {"provider": "blitz", "M": 64, "status": "skipped (predicted peak RSS 9.0 GiB > --max-rss-gb 6)"}
-    text = sequence_peers.markdown(rows + [skipped], [1, 16, 64], "python bench/sequence_peers.py")
+    text = sequence_peers.markdown(rows + [skipped], [1, 16, 64], "python -m bench.sequence_peers")
     assert "digits read by rows" in text and "| blitz | 16 |" in text and "| blitz | 64 | skipped" in text

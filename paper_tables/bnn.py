@@ -1,7 +1,7 @@
 """The Bayesian networks of Figs. 1, 2 (right) and 6: ``bayesify(get_model(name))`` and its loss pieces.
 
 The loss of one training step is the bench's ``step`` workload
-(:mod:`mcgraph.apps.bench.step`): a 1-sample data term plus an M-sample KL over every
+(:mod:`bench.harness.step`): a 1-sample data term plus an M-sample KL over every
 Bayesian layer, divided by the dataset size N. The KL is computed
 
 * ``direct``: per layer ``−H(q) − (1/M) Σ_i log p(w_i)`` by the paper's per-sample loop

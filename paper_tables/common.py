@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import torch
 
 from mcgraph.apps import atomic_io
-from mcgraph.apps.bench.records import git_commit
+from bench.harness.records import git_commit
 
 PAPER = ("Nazarovs, Mehta, Lokhande, Singh. Graph Reparameterizations for Enabling 1000+ Monte Carlo "
          "Iterations in Bayesian Deep Neural Networks. UAI 2021")

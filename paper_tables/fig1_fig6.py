@@ -1,8 +1,8 @@
 """Fig. 1 and Fig. 6: per-architecture memory and time of one training step, direct vs
 gradient accumulation vs mcgraph.
 
-Runs the benchmark harness (``mcgraph.apps.bench.CaseRunner``) on its ``step`` workload
-(``mcgraph.apps.bench.step.StepCase``): one ELBO step of the Bayesian network (Radial posterior,
+Runs the benchmark harness (``bench.harness.CaseRunner``) on its ``step`` workload
+(``bench.harness.step.StepCase``): one ELBO step of the Bayesian network (Radial posterior,
 Normal prior; 1-sample data term, M-sample KL), forward + backward, for
 
 * ``direct`` — the KL by the paper's per-sample loop (one graph over all M samples);
@@ -57,10 +57,10 @@ def _settings(quick: bool) -> dict:
 
 def _bench():
     try:
-        from mcgraph.apps.bench import CaseRunner, Settings
-        from mcgraph.apps.bench.step import StepCase
+        from bench.harness import CaseRunner, Settings
+        from bench.harness.step import StepCase
     except Exception as e:  # noqa: BLE001 — reported as a reduced target
-        raise bnn.MissingAPI(f"mcgraph.apps.bench (CaseRunner, Settings, step.StepCase) not importable: "
+        raise bnn.MissingAPI(f"bench.harness (CaseRunner, Settings, step.StepCase) not importable: "
                              f"{type(e).__name__}: {e}") from e
     return CaseRunner, Settings, StepCase
 

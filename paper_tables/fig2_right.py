@@ -10,7 +10,7 @@ the smallest input the network accepts):
 2. direct: bytes(M) = a + b·M, fitted by least squares over the measured M (the residual at
    the largest M is reported); mcgraph: the bytes at the smallest and largest M are compared;
 3. the budget counts those saved bytes plus 16 bytes per trainable parameter (value,
-   gradient and Adam's two moments, float32); ``mcgraph.apps.bench.max_feasible_m`` (doubling
+   gradient and Adam's two moments, float32); ``bench.harness.max_feasible_m`` (doubling
    then bisection) finds the largest M whose predicted memory fits 11·10⁹ bytes.
 
 A method whose bytes do not grow with M is reported ``> M_cap`` (memory does not bound M;
@@ -52,15 +52,15 @@ def _settings(quick: bool) -> dict:
 def _max_m(a: float, b: float, static: float) -> tuple[int, bool, str]:
     """(max M, capped, basis) from the predicted memory ``static + a + b·M`` via the bench's search."""
     try:
-        from mcgraph.apps.bench import Probe, max_feasible_m
+        from bench.harness import Probe, max_feasible_m
     except Exception:  # noqa: BLE001 — the bench is optional: closed form of the same search
         Probe = max_feasible_m = None
     if max_feasible_m is not None:
         res = max_feasible_m(lambda m: Probe(static + a + b * m, "extrapolated"), BUDGET, m_cap=M_CAP)
-        return res.m, res.capped, "mcgraph.apps.bench.max_feasible_m on the fitted line"
+        return res.m, res.capped, "bench.harness.max_feasible_m on the fitted line"
     if b <= 0:
-        return M_CAP, static + a <= BUDGET, "closed form (mcgraph.apps.bench not importable)"
-    return max(0, int(math.floor((BUDGET - static - a) / b))), False, "closed form (mcgraph.apps.bench not importable)"
+        return M_CAP, static + a <= BUDGET, "closed form (bench.harness not importable)"
+    return max(0, int(math.floor((BUDGET - static - a) / b))), False, "closed form (bench.harness not importable)"
 
 
 def measure_arch(name: str, s: dict, seed: int) -> dict:

@@ -1,4 +1,4 @@
-"""Tests of the benchmark harness (``mcgraph.apps.bench``): rows and files, refusal of wrong answers,
+"""Tests of the benchmark harness (``bench.harness``): rows and files, refusal of wrong answers,
 prediction-based skipping, the max-M search. Fast: tiny sizes, synthetic cases."""
 
 from __future__ import annotations
@@ -7,18 +7,19 @@ import csv
 import json
 import math
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
-from mcgraph.apps.bench import cli
-from mcgraph.apps.bench.__main__ import _argv
-from mcgraph.apps.bench.agreement import Outcome, check_equal, check_same_law
-from mcgraph.apps.bench.harness import CaseRunner, Settings
-from mcgraph.apps.bench.measure import LinearFit, Probe, max_feasible_m, parse_bytes, parse_count
-from mcgraph.apps.bench.records import COLUMNS, read_json
-from mcgraph.apps.bench.report import check_targets, text_report
-from mcgraph.apps.bench.workloads import (ALL_METHODS, KL_PAIRS, Case, KLCase, LastLayerCase, NotApplicable, RunOut)
+from bench.harness import cli
+from bench.__main__ import _argv
+from bench.harness.agreement import Outcome, check_equal, check_same_law
+from bench.harness.runner import CaseRunner, Settings
+from bench.harness.measure import LinearFit, Probe, max_feasible_m, parse_bytes, parse_count
+from bench.harness.records import COLUMNS, read_json
+from bench.harness.report import check_targets, text_report
+from bench.harness.workloads import (ALL_METHODS, KL_PAIRS, Case, KLCase, LastLayerCase, NotApplicable, RunOut)
 
 
 @pytest.fixture(autouse=True)
@@ -289,7 +290,7 @@ def test_linear_fit_and_parsers():
 
 
 def test_peak_rss_of_a_fresh_subprocess():
-    from mcgraph.apps.bench.point import run_in_subprocess
+    from bench.harness.point import run_in_subprocess
 
     rep = run_in_subprocess(KLCase("normal-normal", 256).spec(), "direct", 10, 0, timeout=120)
     assert rep["peak"] >= rep["base"] > 0 and math.isfinite(rep["value"])
@@ -299,7 +300,7 @@ def test_peak_rss_of_a_fresh_subprocess():
 
 
 def test_step_workload_is_skipped_with_a_clear_row_without_mcgraph_nn(monkeypatch, tmp_path, capsys):
-    import mcgraph.apps.bench.step as step
+    import bench.harness.step as step
 
     monkeypatch.setattr(step, "nn_available", lambda: "mcgraph.nn not available (ImportError: test)")
     rc = cli.main(["--workload", "step", "--model", "lenet5", "--no-progress", "--no-max-m", "--out", str(tmp_path)])
@@ -309,7 +310,7 @@ def test_step_workload_is_skipped_with_a_clear_row_without_mcgraph_nn(monkeypatc
 
 
 def test_step_case_methods_agree_on_a_small_network():
-    step = pytest.importorskip("mcgraph.apps.bench.step")
+    step = pytest.importorskip("bench.harness.step")
     if step.nn_available() is not None:
         pytest.skip(step.nn_available())
     case = step.StepCase("lenet5", batch=4, input_size=16)
@@ -333,7 +334,7 @@ def test_bench_without_matplotlib_writes_everything_else(tmp_path):
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shim), str(Path(__file__).resolve().parents[1])]))
     code = ("import sys\ntry:\n    import matplotlib\nexcept ImportError:\n    pass\nelse:\n    sys.exit(3)\n"
-            "from mcgraph.apps.bench.cli import main\n"
+            "from bench.harness.cli import main\n"
             f"sys.exit(main(['--quick', '--params', '64', '--samples', '1,10', '--model', 'normal-normal', "
             f"'--methods', 'direct,collapsed', '--no-max-m', '--repeats', '1', '--no-progress', '--out', {str(out)!r}]))")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
@@ -345,3 +346,26 @@ def test_bench_without_matplotlib_writes_everything_else(tmp_path):
         assert (out / name).stat().st_size > 0
     assert not list(out.glob("*.png"))
     assert "no plots" in proc.stdout
+
+
+def test_mcgraph_bench_finds_the_checkout_or_says_how(monkeypatch, capsys):
+    """``mcgraph bench`` runs the harness of the checkout mcgraph was imported from; an installed wheel has
+    no harness (it is development code), and the command says where to get it instead of a traceback."""
+    import mcgraph.__main__ as entry
+
+    root = Path(__file__).resolve().parents[1]
+    assert entry._checkout_root() == root
+    with pytest.raises(SystemExit) as done:  # the harness's own argparse answers --help
+        entry.main(["bench", "--help"])
+    assert done.value.code == 0 and "--workload" in capsys.readouterr().out
+    monkeypatch.setattr(entry, "_checkout_root", lambda: None)
+    assert entry.main(["bench", "--quick"]) == 2
+    assert "python -m bench" in capsys.readouterr().err
+
+
+def test_the_harness_is_not_part_of_the_installed_package():
+    import tomllib
+
+    config = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    assert not any(p.startswith("bench") or "apps.bench" in p for p in config["tool"]["setuptools"]["packages"])
+    assert not (Path(__file__).resolve().parents[1] / "mcgraph" / "apps" / "bench").exists()

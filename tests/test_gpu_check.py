@@ -15,8 +15,8 @@ pytest.importorskip("triton", reason="triton is not installed")
 
 
 def test_gpu_check_smoke_runs_every_section(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--smoke", "--out-dir", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--smoke", "--out-dir", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((tmp_path / "gpu-smoke.json").read_text())
     sections = {s["name"]: s for s in result["sections"]}

@@ -91,7 +91,7 @@ def test_pairs_of_types_rank_by_the_sum_of_mro_distances():
     "mcgraph.engine.plan.families.FAMILIES", "mcgraph.engine.plan.ops.RULES", "mcgraph.engine.estimators.derivatives.DERIVATIVES",
     "mcgraph.nn.priors.PRIORS", "mcgraph.nn.priors.POSTERIORS", "mcgraph.nn.layer_kl.LAYER_KL",
     "mcgraph.nn.scales.SCALE_TRANSFORMS", "mcgraph.models.zoo.MODELS", "mcgraph.interop.sites.ADAPTERS",
-    "mcgraph.apps.data.DATASETS", "mcgraph.apps.bench.workloads.KL_PAIRS", "mcgraph.optim.per_example.RULES",
+    "mcgraph.apps.data.DATASETS", "bench.harness.workloads.KL_PAIRS", "mcgraph.optim.per_example.RULES",
     "mcgraph.optim.spike_slab.GROUP_RULES", "mcgraph.nn.likelihood.LIKELIHOODS",
 ])
 def test_every_registry_of_the_package_is_one(registry):

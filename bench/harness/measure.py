@@ -4,7 +4,7 @@
   synchronised before and after; the median of the timed repeats is reported.
 * Memory: bytes saved for backward (``mg.graph_size`` of the loss), CUDA
   ``max_memory_allocated``, or the peak RSS of a fresh subprocess
-  (:mod:`mcgraph.apps.bench.point`).
+  (:mod:`bench.harness.point`).
 * Prediction: :class:`LinearFit` through the two largest measured M of a method,
   used to skip a point predicted to exceed the memory budget or the time cap
   before it is launched.

@@ -1,6 +1,6 @@
 """Run ONE benchmark point in a fresh process and report its peak RSS.
 
-``python -m mcgraph.apps.bench.point '{"case": {...}, "method": "fused", "M": 100, "seed": 0}'``
+``python -m bench.harness.point '{"case": {...}, "method": "fused", "M": 100, "seed": 0}'``
 rebuilds the case from its spec (same seeded parameters), records the resident
 memory after set-up (``base``), runs forward + backward once and prints one JSON
 line ``{"value", "peak", "base", "seconds"}`` — ``peak`` is VmHWM (the kernel's
@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from .measure import peak_rss_bytes, proc_status_bytes
 
@@ -69,9 +70,11 @@ def run_in_subprocess(case_spec: dict, method: str, num_samples: int, seed: int,
     """
     job = {"case": case_spec, "method": method, "M": num_samples, "seed": seed, "threads": threads,
            "flush_denormal": flush_denormal}
-    env = dict(os.environ)
+    # the child imports this checkout's bench package whatever the working directory
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
     try:
-        proc = subprocess.run([sys.executable, "-m", "mcgraph.apps.bench.point", json.dumps(job)],
+        proc = subprocess.run([sys.executable, "-m", "bench.harness.point", json.dumps(job)],
                               capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         raise TimeoutError(f"subprocess ran past {timeout:.0f} s") from None

@@ -1,4 +1,4 @@
-"""``python -m mcgraph.apps.bench [options]``: the quick KL comparison (``mcgraph bench --quick``) by default.
+"""``python -m bench [options]`` (from a checkout's root): the quick KL comparison (``mcgraph bench --quick``) by default.
 
 Any option of ``mcgraph bench`` may follow; ``--full`` (or ``--params``) selects the real size.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from .cli import main
+from .harness.cli import main
 
 
 def _argv(argv: list[str]) -> list[str]:

@@ -22,7 +22,7 @@ import mcgraph as mg
 from mcgraph.engine.estimators import direct_loop_value
 from mcgraph.engine.estimators.sampling import samples, stream_for
 from mcgraph.models import get_model
-from ...engine.noise.streams import mix_seed
+from mcgraph.engine.noise.streams import mix_seed
 
 from .workloads import ENGINE_METHODS, Case, NotApplicable, RunOut, _seeded_normal, _sum_rightmost
 

@@ -16,7 +16,7 @@ Every method draws sample ``i`` from the engine's noise stream
 ``collapsed-exact`` return the same value and gradients.
 
 Workloads: ``kl`` (:class:`KLCase`, one per registered :class:`KLPair`),
-``lastlayer`` (:class:`LastLayerCase`) and ``step`` (:mod:`mcgraph.apps.bench.step`,
+``lastlayer`` (:class:`LastLayerCase`) and ``step`` (:mod:`bench.harness.step`,
 needs :mod:`mcgraph.nn`).
 """
 
@@ -35,8 +35,8 @@ import mcgraph as mg
 from mcgraph.distributions import Radial, ScaleMixtureNormal
 from mcgraph.engine.estimators import direct_loop_value
 from mcgraph.engine.estimators.sampling import samples, stream_for
-from ...engine.noise.streams import rows_per_block
-from ...registry import Registry
+from mcgraph.engine.noise.streams import rows_per_block
+from mcgraph.registry import Registry
 
 #: Baselines, in the order tables list them.
 BASELINES = ("direct", "vectorised", "grad-accum")

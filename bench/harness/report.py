@@ -6,7 +6,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Iterable
 
-from .. import atomic_io
+from mcgraph.apps import atomic_io
 from .measure import format_bytes, format_seconds
 from .records import Row
 from .workloads import ALL_METHODS

@@ -29,7 +29,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import atomic_io
+from mcgraph.apps import atomic_io
 
 import torch
 

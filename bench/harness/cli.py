@@ -4,7 +4,7 @@ gradient accumulation; max M under a memory budget; tables, CSV/JSON rows, Markd
 Examples::
 
     python -m mcgraph bench --quick --out bench-out          # < 2 min on a 2-core CPU (the README's command)
-    python -m mcgraph.apps.bench                                  # the same quick KL comparison, table only
+    python -m bench.harness                                  # the same quick KL comparison, table only
     python -m mcgraph bench --full --out out                 # KL at P = 11.2 M (a ResNet-18's worth)
     python -m mcgraph bench --workload step --model resnet18 --samples 1,10,100,1000 --device cuda
     python -m mcgraph bench --workload lastlayer --samples 1,10,100,1000
@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from .harness import Settings, run_cases
+from .runner import Settings, run_cases
 from .measure import format_bytes, parse_bytes, parse_count
 from .progress import Progress
 from .records import Row, environment, git_commit, total_ram_bytes

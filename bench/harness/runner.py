@@ -1,15 +1,15 @@
 """The harness: run every method of a case over the M ladder, check agreement, time, search max M.
 
 For each M (ascending) and each method — the reference first, the cheapest exact
-method that applies (:data:`~mcgraph.apps.bench.workloads.REFERENCE_ORDER`):
+method that applies (:data:`~bench.harness.workloads.REFERENCE_ORDER`):
 
 1. **predict** memory and time from the method's smaller-M measurements
-   (:class:`~mcgraph.apps.bench.measure.LinearFit`); a point predicted to exceed the
+   (:class:`~bench.harness.measure.LinearFit`); a point predicted to exceed the
    memory budget or the time cap is recorded ``skipped (predicted …)``, not run;
 2. **run once** (the warm-up) measuring the bytes saved for backward, and on
    CUDA the peak allocation; out-of-memory or over-time is recorded, not raised;
 3. **check agreement** with the reference at the same seed
-   (:mod:`~mcgraph.apps.bench.agreement`); a disagreeing method is ``REFUSED`` and
+   (:mod:`~bench.harness.agreement`); a disagreeing method is ``REFUSED`` and
    no time is reported for it;
 4. **time** the median of the repeats (1 repeat for slow points in quick mode);
 5. optionally run the point again in a fresh subprocess for its peak RSS.
@@ -152,7 +152,7 @@ class History:
 
 
 class CaseRunner:
-    """Runs one :class:`~mcgraph.apps.bench.workloads.Case` under :class:`Settings`, collecting :class:`Row` s."""
+    """Runs one :class:`~bench.harness.workloads.Case` under :class:`Settings`, collecting :class:`Row` s."""
 
     def __init__(self, case: Case, settings: Settings, progress: Progress | None = None):
         self.case = case

@@ -1,12 +1,12 @@
-"""The benchmark suite behind ``mcgraph bench`` (see :mod:`mcgraph.apps.bench.cli`).
+"""The benchmark suite behind ``mcgraph bench`` (see :mod:`bench.harness.cli`).
 
-Rows (:class:`~mcgraph.apps.bench.records.Row`) are the product: every table, plot
-and the Markdown summary is made from them (:mod:`mcgraph.apps.bench.report`).
+Rows (:class:`~bench.harness.records.Row`) are the product: every table, plot
+and the Markdown summary is made from them (:mod:`bench.harness.report`).
 Importing this package runs nothing and probes no GPU.
 """
 
 from .agreement import Outcome, Verdict, check_equal, check_same_law
-from .harness import CaseRunner, Settings, run_cases
+from .runner import CaseRunner, Settings, run_cases
 from .measure import LinearFit, MaxM, Probe, max_feasible_m, parse_bytes, parse_count
 from .records import COLUMNS, Row, read_json, write_csv, write_json
 from .workloads import ALL_METHODS, KL_PAIRS, Case, KLCase, KLPair, LastLayerCase, register_kl_pair
