@@ -183,22 +183,13 @@ def _explain_kl(q: Distribution, p: Distribution, method, taylor_order) -> KLPla
 
 
 def _describe_cross_kernel(q: Distribution, p: Distribution, method: str) -> str:
-    """``explain``'s line on the kernel for E_q[log p]: the compiled CPU loop or the Triton kernel (empty where
-    neither applies; builds nothing)."""
-    if method not in ("auto", "monte-carlo", "fused"):
+    """``explain``'s line on the fused kernel for E_q[log p] of :data:`_CROSS_ROUTES` that applies (empty where
+    none does; builds nothing)."""
+    call = _KLCall(q, p, 1, None, method, None, None, False, None, len(q.event_shape) - len(p.event_shape))
+    if not call.kernels_allowed:
         return ""
-    triton = triton_fused.kernel_plan(q, p, method)
-    if triton is not None:
-        return (f"fused: the Triton kernel for {type(triton[-1]).__name__}'s log-density (the noise drawn in "
-                f"registers; value and gradients in one pass)")
-    found = cpu_fused.plan(family_of(q), p, method)
-    if found is None:
-        return ""
-    why = cpu_fused.unavailable_reason()
-    if why is not None:
-        return f"(the compiled CPU loop for {found[0].name}'s log-density is unavailable: {why})"
-    return (f"fused: the compiled CPU loop for {found[0].name}'s log-density (value and gradients in one pass "
-            f"over the same noise) when M·P ≤ {cpu_fused.MAX_ELEMENTS} draws")
+    return next((line for route in _CROSS_ROUTES if route.describe is not None
+                 for line in [route.describe(call)] if line), "")
 
 
 def evaluate(plan: Plan, fn: Callable, seed: int, num_samples: int, chunk_size: int | None,
@@ -496,7 +487,33 @@ def kl_divergence(q: Distribution, p: Distribution, num_samples: int | Sampling,
         return _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, return_stderr, shard)
 
 
-def _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, return_stderr, shard):
+# --------------------------------------------------------------------------- KL(q ‖ p): one validation, a table of routes
+
+
+@dataclasses.dataclass(frozen=True)
+class _KLCall:
+    """The arguments of one KL call, validated (:func:`_validated_kl_call`)."""
+
+    q: Distribution
+    p: Distribution
+    num_samples: int
+    seed: int | None
+    method: str
+    chunk_size: int | None
+    taylor_order: int | None
+    return_stderr: bool
+    shard: object
+    extra: int  # q's event dimensions that p lacks (summed over in log p)
+
+    @property
+    def kernels_allowed(self) -> bool:
+        """Whether a fused kernel for p's registered log-density may compute the cross term."""
+        return (self.method in ("auto", "monte-carlo", "fused") and self.taylor_order is None
+                and not self.return_stderr and self.shard is None)
+
+
+def _validated_kl_call(q, p, num_samples, seed, method, chunk_size, taylor_order, return_stderr, shard) -> _KLCall:
+    """Every argument check of :func:`kl_divergence`, in one place (finiteness is each route's: see below)."""
     if not isinstance(q, Distribution):
         raise TypeError(f"q must be a torch.distributions.Distribution, got {type(q).__name__}")
     if not isinstance(p, Distribution):
@@ -516,74 +533,159 @@ def _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, re
     method = parse_method(method, KL_METHODS)
     return_stderr = _check_stderr(return_stderr, _check_num_samples(num_samples), taylor_order, shard)
     checks.seed("seed", seed)  # validated even where no noise is drawn
-    if method in ("auto", "closed-form") and taylor_order is None:
-        value = closed_form_kl(q, p)
-        if value is not None:
-            # one reduction of the result instead of one per parameter; a non-finite result is
-            # traced back to a non-finite parameter (named), else it is the KL (q outside p's support)
-            if _VALIDATE and not bool(torch.isfinite(value.detach().sum())):
-                _check_finite(p, "p")
-                _check_finite(q, "q")
-            return MCEstimate(value, torch.zeros_like(value.detach()), num_samples) if return_stderr else value
-        if method == "closed-form":
+    if method == "closed-form" and taylor_order is not None:
+        raise ValueError("taylor_order: an approximation of a closed form; drop taylor_order or method='closed-form'")
+    return _KLCall(q, p, num_samples, seed, method, chunk_size, taylor_order, return_stderr, shard, extra)
+
+
+def _closed_form_route(call: _KLCall):
+    """The whole KL by torch's registered rule for the pair, or ``None`` (then the cross-term routes run).
+
+    Finiteness costs no pass over the parameters here: a non-finite result is traced back to a
+    non-finite parameter (named), else it is the KL (q outside p's support).
+    """
+    if call.method not in ("auto", "closed-form") or call.taylor_order is not None:
+        return None
+    value = closed_form_kl(call.q, call.p)
+    if value is None:
+        if call.method == "closed-form":
+            q, p = call.q, call.p
             raise NotImplementedError(f"method='closed-form': torch has no KL rule for {type(q).__name__} ‖ "
                                       f"{type(p).__name__}" + ("" if q.event_shape == p.event_shape else
                                                                f" with event shapes {tuple(q.event_shape)} and "
                                                                f"{tuple(p.event_shape)}"))
-    elif method == "closed-form":
-        raise ValueError("taylor_order: an approximation of a closed form; drop taylor_order or method='closed-form'")
+        return None
+    if _VALIDATE and not bool(torch.isfinite(value.detach().sum())):
+        _check_finite(call.p, "p")
+        _check_finite(call.q, "q")
+    return MCEstimate(value, torch.zeros_like(value.detach()), call.num_samples) if call.return_stderr else value
+
+
+# A cross-term route: ``find(call)`` says whether it applies (building and launching nothing but, for the CPU
+# loop, its library), ``run(call, found, seed)`` returns ``(E_q[log p], its standard error or None, q_checked)``,
+# ``describe(call, found)`` is explain's line. The first route that applies computes E_q[log p(w)].
+
+
+def _cpu_loop_find(call: _KLCall):
+    if not call.kernels_allowed or call.chunk_size is not None:  # (a chunk size asked for: the engine's)
+        return None
+    form = family_of(call.q)
+    found = cpu_fused.applies(form, call.p, call.method, call.num_samples)
+    return None if found is None else (form, found)
+
+
+def _cpu_loop_run(call: _KLCall, found, seed: int):
+    form, found = found
+    q, p = call.q, call.p
+    # the loop reports a non-finite parameter it reads; the checks then name it
+    if any(t is not form.loc and t is not form.scale for t in distribution_parameters(q).values()):
+        _check_finite(q, "q")  # q's loc and scale derived from its parameters (1 / rate, …): checked here
+    cross = cpu_fused.log_prob_expectation(form, p, call.num_samples, seed, method=call.method,
+                                           sum_rightmost=call.extra, found=found,
+                                           check_inputs=lambda: (_check_finite(p, "p"), _check_finite(q, "q")))
+    return cross, None, True
+
+
+def _cpu_loop_describe(call: _KLCall) -> str:
+    found = cpu_fused.plan(family_of(call.q), call.p, call.method)
+    if found is None:
+        return ""
+    why = cpu_fused.unavailable_reason()
+    if why is not None:
+        return f"(the compiled CPU loop for {found[0].name}'s log-density is unavailable: {why})"
+    return (f"fused: the compiled CPU loop for {found[0].name}'s log-density (value and gradients in one pass "
+            f"over the same noise) when M·P ≤ {cpu_fused.MAX_ELEMENTS} draws")
+
+
+def _triton_find(call: _KLCall):
+    return triton_fused.kernel_plan(call.q, call.p, call.method) if call.kernels_allowed else None
+
+
+def _triton_run(call: _KLCall, found, seed: int):
+    _check_finite(call.p, "p")
+    cross = triton_fused.log_prob_expectation(call.q, call.p, call.num_samples, seed, sum_rightmost=call.extra,
+                                              method=call.method)
+    return cross, None, False
+
+
+def _triton_describe(call: _KLCall) -> str:
+    found = triton_fused.kernel_plan(call.q, call.p, call.method)
+    if found is None:
+        return ""
+    return (f"fused: the Triton kernel for {type(found[-1]).__name__}'s log-density (the noise drawn in "
+            f"registers; value and gradients in one pass)")
+
+
+def _engine_run(call: _KLCall, found, seed: int):
+    _check_finite(call.p, "p")
+    method = "auto-analytic" if call.method == "auto" else call.method  # "auto": polynomial terms exact
+    cross = _expectation(_log_density(call.p, call.extra), call.q, call.num_samples, seed, method, call.chunk_size,
+                         call.taylor_order, call.return_stderr, call.shard, argname="q")
+    return (cross[0], cross[1], True) if call.return_stderr else (cross, None, True)
+
+
+@dataclasses.dataclass(frozen=True)
+class _CrossRoute:
+    name: str
+    find: Callable
+    run: Callable
+    describe: Callable | None = None
+
+
+#: How E_q[log p(w)] is computed, in order: a fused kernel for a registered log-density (the compiled CPU loop
+#: for CPU tensors, the Triton kernel on its backend; the two never apply to the same call), else the engine.
+_CROSS_ROUTES = (
+    _CrossRoute("compiled CPU loop", _cpu_loop_find, _cpu_loop_run, _cpu_loop_describe),
+    _CrossRoute("Triton kernel", _triton_find, _triton_run, _triton_describe),
+    _CrossRoute("engine", lambda call: True, _engine_run),
+)
+
+
+def _kl_divergence(q, p, num_samples, seed, method, chunk_size, taylor_order, return_stderr, shard):
+    call = _validated_kl_call(q, p, num_samples, seed, method, chunk_size, taylor_order, return_stderr, shard)
+    value = _closed_form_route(call)
+    if value is not None:
+        return value
     seed = resolve_seed(seed)
-    # "auto" without a closed form: the polynomial terms of E_q[log p] exact, the rest sampled
-    engine_method = "auto-analytic" if method == "auto" else method
-    # a registered log-density, if any: the compiled CPU loop, or the Triton kernel
-    kernel = method in ("auto", "monte-carlo", "fused") and taylor_order is None and not return_stderr \
-        and shard is None
-    cross = cross_se = neg_entropy_se = None
-    q_checked = False
-    form = family_of(q) if kernel and chunk_size is None else None  # (a chunk size asked for: the engine's)
-    found = cpu_fused.applies(form, p, method, num_samples) if form is not None else None
-    if found is not None:  # the loop reports a non-finite parameter it reads; the checks then name it
-        if any(t is not form.loc and t is not form.scale for t in distribution_parameters(q).values()):
-            _check_finite(q, "q")  # q's loc and scale derived from its parameters (1 / rate, …): checked here
-        cross = cpu_fused.log_prob_expectation(form, p, num_samples, seed, method=method, sum_rightmost=extra,
-                                               found=found,
-                                               check_inputs=lambda: (_check_finite(p, "p"), _check_finite(q, "q")))
-        q_checked = True
-    else:
-        _check_finite(p, "p")
-
-    log_p = _log_density(p, extra)
     with _no_validation(p):
-        if kernel and cross is None:
-            cross = triton_fused.log_prob_expectation(q, p, num_samples, seed, sum_rightmost=extra, method=method)
-        if cross is None:
-            q_checked = True  # (by the engine, below)
-            cross = _expectation(log_p, q, num_samples, seed, engine_method, chunk_size, taylor_order,
-                                 return_stderr, shard, argname="q")
-            if return_stderr:
-                cross, cross_se, _ = cross
-        try:
-            entropy = q.entropy()
-        except NotImplementedError:
-            entropy = None
-        if entropy is not None:  # −(H + E[log p]): one negation (forward and backward) instead of two
-            value = (entropy + cross).neg()
-        else:
-            neg_entropy = _expectation(q.log_prob, q, num_samples, seed, "monte-carlo"
-                                       if method in ("collapsed", "collapsed-exact", "fused") else engine_method,
-                                       chunk_size, None, return_stderr, shard, argname=None if q_checked else "q")
-            if return_stderr:
-                neg_entropy, neg_entropy_se, _ = neg_entropy
-            value = neg_entropy - cross
-        if not return_stderr:
-            return value
-        if neg_entropy_se is None or not bool((neg_entropy_se > 0).any()):
-            se = cross_se
-        elif not bool((cross_se > 0).any()):
-            se = neg_entropy_se
-        else:  # both estimated from the same noise: the error of the per-sample difference
-            from .stderr import per_sample_moments
+        for route in _CROSS_ROUTES:
+            found = route.find(call)
+            if found is not None:
+                cross, cross_se, q_checked = route.run(call, found, seed)
+                if cross is not None:
+                    break
+        return _with_entropy(call, seed, cross, cross_se, q_checked)
 
-            se = per_sample_moments(family_of(q), lambda w: q.log_prob(w) - log_p(w), seed, num_samples,
-                                    chunk_size).stderr().to(value.dtype)
-    return MCEstimate(value, se.broadcast_to(value.shape), num_samples)
+
+def _with_entropy(call: _KLCall, seed: int, cross, cross_se, q_checked: bool):
+    """KL = −H(q) − E_q[log p]: the entropy in closed form where ``q.entropy()`` exists, else E_q[log q(w)]
+    estimated with the cross term's noise."""
+    q, method = call.q, call.method
+    try:
+        entropy = q.entropy()
+    except NotImplementedError:
+        entropy = None
+    neg_entropy_se = None
+    if entropy is not None:  # −(H + E[log p]): one negation (forward and backward) instead of two
+        value = (entropy + cross).neg()
+    else:
+        entropy_method = "monte-carlo" if method in ("collapsed", "collapsed-exact", "fused") else \
+            ("auto-analytic" if method == "auto" else method)
+        neg_entropy = _expectation(q.log_prob, q, call.num_samples, seed, entropy_method, call.chunk_size, None,
+                                   call.return_stderr, call.shard, argname=None if q_checked else "q")
+        if call.return_stderr:
+            neg_entropy, neg_entropy_se, _ = neg_entropy
+        value = neg_entropy - cross
+    if not call.return_stderr:
+        return value
+    if neg_entropy_se is None or not bool((neg_entropy_se > 0).any()):
+        se = cross_se
+    elif not bool((cross_se > 0).any()):
+        se = neg_entropy_se
+    else:  # both estimated from the same noise: the error of the per-sample difference
+        from .stderr import per_sample_moments
+
+        log_p = _log_density(call.p, call.extra)
+        se = per_sample_moments(family_of(q), lambda w: q.log_prob(w) - log_p(w), seed, call.num_samples,
+                                call.chunk_size).stderr().to(value.dtype)
+    return MCEstimate(value, se.broadcast_to(value.shape), call.num_samples)
