@@ -19,7 +19,7 @@ import copy
 import numpy as np
 import torch
 
-from .common import TargetResult, log, md_table, timed, write_target
+from .common import TargetResult, fmt_mean_sd, log, md_table, timed, with_dropout, write_target
 
 NAME = "bbb_cnn"
 TITLE = "Seed 002: Bayesian LeNet-5 (BBB) vs half width vs deterministic, L1 pruning curves; MC dropout beside BBB"
@@ -53,11 +53,10 @@ def _model(arm: str, width: float, s: dict, ds, seed: int):
     import mcgraph.nn as mnn
 
     from .sparsify import network
-    from .vogn_table import _with_dropout
 
     model = network("lenet5", ds, seed, width=width)
     if arm == "mc_dropout":
-        return _with_dropout(model, s["dropout"])
+        return with_dropout(model, s["dropout"])
     if arm == "bbb":
         prior = functools.partial(mnn.PRIORS["normal"], scale=s["prior_scale"])
         return mnn.bayesify(model, posterior="normal", prior=prior, local_reparameterization=True,
@@ -154,10 +153,6 @@ def aggregate(runs: list) -> dict:
     return out
 
 
-def _fmt(pair, scale=1.0, digits=3) -> str:
-    return "—" if pair[0] is None else f"{pair[0] * scale:.{digits}f} ± {pair[1] * scale:.{digits}f}"
-
-
 def report(out_dir, result: TargetResult) -> dict:
     s = result.params
     runs = result.rows["runs"]
@@ -196,8 +191,9 @@ def report(out_dir, result: TargetResult) -> dict:
                            f"{b['nll'][0]:.3f}, "
                            f"{b['ece'][0]:.4f}, {b['auroc'][0] or float('nan'):.3f}", f"{s['epochs']} epochs",
                            "the baseline every BNN table carries")
-    rows = [(LABELS[k.split("@")[0]], k.split("@")[1], f"{a['params']:,}", _fmt(a["accuracy"], 100, 2), _fmt(a["nll"]),
-             _fmt(a["ece"], 1, 4), _fmt(a["auroc"]), f"{a['seconds_per_epoch']:.2f}") for k, a in agg.items()]
+    rows = [(LABELS[k.split("@")[0]], k.split("@")[1], f"{a['params']:,}", fmt_mean_sd(a["accuracy"], 100, 2),
+             fmt_mean_sd(a["nll"]), fmt_mean_sd(a["ece"], 1, 4), fmt_mean_sd(a["auroc"]),
+             f"{a['seconds_per_epoch']:.2f}") for k, a in agg.items()]
     result.section("Accuracy, calibration, parameters", md_table(
         ("method", "width", "parameters", "accuracy %", "NLL", "ECE", "AUROC", "s/epoch"), rows))
     curves = [(k, *(f"{100 * v:.1f}" for v in a["curve"]["accuracy"])) for k, a in agg.items() if "curve" in a]

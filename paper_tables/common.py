@@ -11,10 +11,16 @@ writes three files from one :class:`TargetResult`:
 
 :func:`write_index` rebuilds ``README.md`` of the output folder from every ``<target>.json``
 present, so running one target at a time keeps the index complete.
+
+The helpers the targets share live here too: :func:`config_key` (the cache key of a run's settings),
+:func:`fmt_mean_sd` (a mean ± sd cell), :func:`predictive_probs` (a trained model's predictive
+distribution) and :func:`with_dropout`. A target never imports another target's private names: what two
+targets share is here, or a public, documented name of the target that owns it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -25,6 +31,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
+from torch import nn
 
 from mcgraph.apps import atomic_io
 from bench.harness.records import git_commit
@@ -151,6 +158,61 @@ def fmt_bytes(n: float | None) -> str:
 
 def fmt_params(n: int) -> str:
     return f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n / 1e3:.1f}k"
+
+
+def fmt_mean_sd(pair, scale: float = 1.0, digits: int = 3) -> str:
+    """A Markdown cell ``"mean ± sd"`` of a ``(mean, sd)`` pair (both times ``scale``, ``digits`` decimals);
+    ``"—"`` when the mean is ``None`` (no scored run)."""
+    mean, sd = pair
+    return "—" if mean is None else f"{mean * scale:.{digits}f} ± {sd * scale:.{digits}f}"
+
+
+def config_key(cfg, *, default=None) -> str:
+    """The cache key of a run: the first 10 hex digits of the SHA-1 of ``json.dumps(cfg, sort_keys=True)``
+    (``default`` is passed on to :func:`json.dumps`: ``str`` for settings JSON cannot hold).
+
+    Cached runs and the runs recorded in ``paper_tables/results`` are found by this string: changing how it
+    is computed, or what a target puts into ``cfg``, makes every recorded run of that target run again."""
+    return hashlib.sha1(json.dumps(cfg, sort_keys=True, default=default).encode()).hexdigest()[:10]
+
+
+@torch.no_grad()
+def predictive_probs(predictor: nn.Module, deterministic: bool, x: torch.Tensor, samples: int,
+                     seed: int) -> torch.Tensor:
+    """The predictive distribution ``(N, classes)`` (float64) of a trained model over ``x``, in batches of 1000:
+    the softmax of ``predictor(x)`` when ``deterministic``, else :func:`mcgraph.nn.predict` with ``samples``
+    weight samples, batch ``i`` seeded ``seed * 1_000_003 + i``."""
+    import mcgraph.nn as mnn
+
+    out = []
+    for i, start in enumerate(range(0, x.shape[0], 1000)):
+        xb = x[start:start + 1000]
+        if deterministic:
+            out.append(torch.softmax(predictor(xb), -1))
+        else:
+            out.append(mnn.predict(predictor, xb, samples, seed=seed * 1_000_003 + i))
+    return torch.cat(out).double()
+
+
+def with_dropout(model: nn.Module, p: float) -> nn.Module:
+    """``model`` (changed in place) with ``Dropout(p)`` inserted after every ``ReLU`` or ``Tanh`` that feeds a
+    ``Linear`` of a ``Sequential`` (the classifier), for MC dropout arms."""
+    for module in list(model.modules()):
+        if not isinstance(module, nn.Sequential):
+            continue
+        children = list(module.children())
+        if not any(isinstance(c, nn.Linear) for c in children):
+            continue
+        out = []
+        for i, child in enumerate(children):
+            out.append(child)
+            feeds_linear = any(isinstance(c, nn.Linear) for c in children[i + 1:i + 2])
+            if isinstance(child, (nn.ReLU, nn.Tanh)) and feeds_linear:
+                out.append(nn.Dropout(p))
+        module._modules.clear()
+        for j, child in enumerate(out):
+            module.add_module(str(j), child)
+    return model
 
 
 def comparison_table(comparisons: Sequence) -> str:

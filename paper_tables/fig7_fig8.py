@@ -25,7 +25,6 @@ from those results.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time
@@ -37,8 +36,8 @@ import torch
 
 from . import bnn
 from mcgraph.apps.atomic_io import load_checkpoint
-from .common import (TargetResult, cached_row, fmt_bytes, load_result, log, md_table, timed, write_cache,
-                     write_target)
+from .common import (TargetResult, cached_row, config_key, fmt_bytes, fmt_mean_sd, load_result, log, md_table, timed,
+                     write_cache, write_target)
 
 NAME = "fig7_fig8"
 TITLE = "Fig. 7, Fig. 8, Table 2: confidence-set accuracy and size vs threshold, M = 1 / 17 / 100 (/ 1000)"
@@ -88,9 +87,8 @@ def _argv(s: dict, M: int, seed: int, out: Path) -> list[str]:
 
 
 def _key(s: dict, M: int, seed: int) -> str:
-    cfg = json.dumps({k: s[k] for k in ("dataset", "epochs", "batch", "limit_train", "limit_test", "predict")}
-                     | {"M": M, "seed": seed, "thresholds": THRESHOLDS}, sort_keys=True)
-    return hashlib.sha1(cfg.encode()).hexdigest()[:10]
+    return config_key({k: s[k] for k in ("dataset", "epochs", "batch", "limit_train", "limit_test", "predict")}
+                      | {"M": M, "seed": seed, "thresholds": THRESHOLDS})
 
 
 def train_and_evaluate(s: dict, M: int, seed: int, runs_dir: Path) -> dict:
@@ -207,12 +205,16 @@ def aggregate(runs: list, arms) -> dict:
     return agg
 
 
-def _fmt(mean, std, n=None, unit="") -> str:
+def _fmt_set_accuracy(mean, std, n=None, unit="") -> str:
+    """A confidence set's accuracy over seeds, in %: ``"mean ± sd"`` (:func:`paper_tables.common.fmt_mean_sd`; the
+    mean alone without an sd) followed by ``unit``; ``"— (empty set)"`` when the set is empty for every seed, and a
+    note when it is non-empty for only ``n`` < 3 seeds. (Not the tables' :func:`~paper_tables.common.fmt_mean_sd`
+    cell: this one reads NaN as an empty set.)"""
     if mean is None or (isinstance(mean, float) and math.isnan(mean)):
         return "— (empty set)"
-    spread = "" if std is None or (isinstance(std, float) and math.isnan(std)) else f" ± {100 * std:.2f}"
-    return f"{100 * mean:.2f}{spread}{unit}" + (f" (set non-empty for {n} seed(s) only)"
-                                                if n is not None and n < 3 else "")
+    no_spread = std is None or (isinstance(std, float) and math.isnan(std))
+    text = f"{100 * mean:.2f}" if no_spread else fmt_mean_sd((mean, std), 100, 2)
+    return f"{text}{unit}" + (f" (set non-empty for {n} seed(s) only)" if n is not None and n < 3 else "")
 
 
 def run(out_dir, quick: bool = False, seed: int = 0) -> dict:
@@ -314,8 +316,8 @@ def _delta(agg: dict, j: int) -> tuple[float, float]:
 def _table2_cell(agg: dict, j: int) -> str:
     a1, a100 = agg[1], agg[100]
     d, se = _delta(agg, j)
-    return (f"m=1 {_fmt(a1['acc_mean'][j], a1['acc_std'][j], a1['acc_n'][j])}; m=100 "
-            f"{_fmt(a100['acc_mean'][j], a100['acc_std'][j], a100['acc_n'][j])}; Δ "
+    return (f"m=1 {_fmt_set_accuracy(a1['acc_mean'][j], a1['acc_std'][j], a1['acc_n'][j])}; m=100 "
+            f"{_fmt_set_accuracy(a100['acc_mean'][j], a100['acc_std'][j], a100['acc_n'][j])}; Δ "
             + ("—" if math.isnan(d) else f"{d:.2f}" + ("" if math.isnan(se) else f" (s.e. {se:.2f})")))
 
 
@@ -377,7 +379,7 @@ def _compare(result: TargetResult, agg: dict, small_agg: dict, lenet: dict | Non
                        "of the data (Fig. 7); M = 100 more accurate than M = 1 and 17 at every τ (Fig. 8 left)",
                        f"{100 * a['accuracy_mean']:.2f} ± {100 * a['accuracy_std']:.2f}% / "
                        f"{100 * a['size_mean'][j5]:.1f} ± {100 * a['size_std'][j5]:.1f}% / "
-                       f"{_fmt(a['acc_mean'][j9], a['acc_std'][j9], a['acc_n'][j9], '%')}",
+                       f"{_fmt_set_accuracy(a['acc_mean'][j9], a['acc_std'][j9], a['acc_n'][j9], '%')}",
                        scale, "different data set and network (values read from the paper's text; the curves "
                        "themselves are only readable approximately: Fig. 7 y-axes 60–100% / 70–90%, Fig. 8 left "
                        "81–90%)")
@@ -401,7 +403,7 @@ def _accuracy_rows(agg: dict) -> tuple[tuple, list]:
     idx = [THRESHOLDS.index(t) for t in TABLE2_THRESHOLDS]
     header = ("arm", "accuracy (all)") + tuple(f"τ = {t}" for t in TABLE2_THRESHOLDS) + ("train time / run",)
     rows = [(f"M = {M}", f"{100 * a['accuracy_mean']:.2f} ± {100 * a['accuracy_std']:.2f}")
-            + tuple(_fmt(a["acc_mean"][j], a["acc_std"][j], a["acc_n"][j]) for j in idx)
+            + tuple(_fmt_set_accuracy(a["acc_mean"][j], a["acc_std"][j], a["acc_n"][j]) for j in idx)
             + (f"{a['train_seconds']:.0f} s",) for M, a in agg.items()]
     return header, rows
 

@@ -34,9 +34,7 @@ time at K = 1 ≤ 1.15× Adam's; mcgraph's IVON and ivon-opt agree. Runs are cac
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
-import json
 import math
 import statistics
 import time
@@ -46,7 +44,8 @@ import torch
 import torch.nn.functional as F
 
 from . import sequence_table, vogn_table as vt
-from .common import TargetResult, cached_row, environment, load_result, md_table, run_arms, timed, write_cache, write_target
+from .common import (TargetResult, cached_row, config_key, environment, fmt_mean_sd, load_result, md_table,
+                     predictive_probs, run_arms, timed, write_cache, write_target)
 
 NAME = "ivon_table"
 TITLE = "IVON vs Adam, ivon-opt, VOGN, BBB and MC dropout — accuracy, NLL, ECE, AUROC, time per step"
@@ -83,7 +82,7 @@ def _ivon_stepper(arm: str, s: dict, ds, seed: int):
     ``step()`` (ivon-opt's README loop, K = 1)."""
     from mcgraph.optim import IVON
 
-    model = vt._network(s, seed)
+    model = vt.network(s, seed)
     n = ds.x_train.shape[0]
     if arm == "ivon":
         opt = IVON(model, lr=s[arm]["lr"], ess=n, seed=seed)
@@ -138,8 +137,8 @@ def step_times(s: dict, seed: int = 0, arms=ARMS, reps: int = TIMING_REPS, block
     if block not in ("main", "lstm"):
         raise ValueError(f"block must be 'main' or 'lstm', got {block!r}")
     if block == "main":
-        ds, batch = vt._data(s, seed), s["batch"]
-        build = lambda arm: (_ivon_stepper if arm in ("ivon", "ivon_opt") else vt._stepper)(arm, s, ds, seed)  # noqa: E731
+        ds, batch = vt.data(s, seed), s["batch"]
+        build = lambda arm: (_ivon_stepper if arm in ("ivon", "ivon_opt") else vt.stepper)(arm, s, ds, seed)  # noqa: E731
     else:
         ds, batch = _lstm_data(s["lstm"], seed), s["lstm"]["batch"]
         build = lambda arm: _lstm_stepper(arm, s["lstm"], ds, seed)  # noqa: E731
@@ -188,10 +187,11 @@ def _probs_ivon_opt(model, opt, x: torch.Tensor, samples: int, seed: int) -> tor
     return total / samples
 
 
-def _key(s: dict, arm: str, seed: int) -> str:
+def _ivon_key(s: dict, arm: str, seed: int) -> str:
+    """The cache key of an IVON arm's run (the other arms': :func:`paper_tables.vogn_table.run_key`)."""
     cfg = {k: s[k] for k in ("dataset", "model", "hidden", "epochs", "batch", "predict", "train_eval")}
     cfg.update({"arm": arm, "hyper": s[arm], "seed": seed})
-    return hashlib.sha1(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:10]
+    return config_key(cfg)
 
 
 def run_arm(arm: str, s: dict, seed: int, runs_dir: Path | None = None) -> dict:
@@ -199,12 +199,12 @@ def run_arm(arm: str, s: dict, seed: int, runs_dir: Path | None = None) -> dict:
     if arm not in ("ivon", "ivon_opt"):
         row = vt.run_arm(arm, s, seed, None if runs_dir is None else runs_dir / "vogn_table_arms")
         return row
-    key = _key(s, arm, seed)
+    key = _ivon_key(s, arm, seed)
     cache = None if runs_dir is None else runs_dir / f"{arm}-seed{seed}.json"
     cached = cached_row(cache, key)
     if cached is not None:
         return cached
-    ds = vt._data(s, seed)
+    ds = vt.data(s, seed)
     row = {"key": key, "arm": arm, "seed": seed, "epochs": s["epochs"], "seconds_per_epoch": None,
            "train_examples": int(ds.x_train.shape[0]), "test_examples": int(ds.x_test.shape[0]), "cached": False}
     if arm == "ivon_opt" and importlib.util.find_spec("ivon") is None:
@@ -231,7 +231,7 @@ def _predictions(arm: str, model, opt):
         predictor, deterministic = mnn.mc_dropout(model), False
     else:
         predictor, deterministic = model.eval(), True
-    return lambda x, samples, seed: vt._probs(predictor, deterministic, x, samples, seed)
+    return lambda x, samples, seed: predictive_probs(predictor, deterministic, x, samples, seed)
 
 
 def _scores(arm: str, model, opt, ds, samples: int, train_eval: int | None, seed: int) -> dict:
@@ -251,7 +251,7 @@ def _scores(arm: str, model, opt, ds, samples: int, train_eval: int | None, seed
 
 def _lstm_key(q: dict, arm: str, seed: int) -> str:
     cfg = dict(q) | {"block": "lstm", "arm": arm, "seed": seed}
-    return hashlib.sha1(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:10]
+    return config_key(cfg)
 
 
 def _lstm_stepper(arm: str, q: dict, ds, seed: int):
@@ -391,7 +391,7 @@ def _reusing(recorded: dict, run_one, key_of):
 
 
 def _main_key(arm: str, s: dict, seed: int) -> str:
-    return _key(s, arm, seed) if arm in ("ivon", "ivon_opt") else vt._key(s, arm, seed)
+    return _ivon_key(s, arm, seed) if arm in ("ivon", "ivon_opt") else vt.run_key(s, arm, seed)
 
 
 def run(out_dir, quick: bool = False, seed: int = 0) -> dict:
@@ -431,11 +431,6 @@ def retime(out_dir, reps: int = TIMING_REPS) -> dict:
 def rerender(out_dir) -> dict:
     """Rebuild ``ivon_table.{md,png}`` from ``ivon_table.json`` (no training, no timing)."""
     return report(out_dir, load_result(out_dir, NAME))
-
-
-def _fmt(pair, scale: float = 1.0, digits: int = 3) -> str:
-    mean, sd = pair
-    return "—" if mean is None else f"{mean * scale:.{digits}f} ± {sd * scale:.{digits}f}"
 
 
 def report(out_dir, result: TargetResult) -> dict:
@@ -506,8 +501,9 @@ def _block_report(result: TargetResult, agg: dict, timing: dict | None, scale: s
         d = 100 * (agg["ivon"]["accuracy"][0] - agg["ivon_opt"]["accuracy"][0])
         result.compare(f"{prefix}mcgraph IVON vs ivon-opt: test accuracy", "same algorithm", f"Δ {d:+.2f} pp",
                        f"{len(agg['ivon']['seeds'])} seeds, independent noise", "Monte Carlo noise only")
-    rows = [(LABELS[arm], f"{_fmt(a['train_accuracy'], 100, 2)} / {_fmt(a['accuracy'], 100, 2)}", _fmt(a["nll"]),
-             _fmt(a["ece"]), _fmt(a["auroc"]), f"{ratios[arm]:.2f}" if arm in ratios else "—")
+    rows = [(LABELS[arm], f"{fmt_mean_sd(a['train_accuracy'], 100, 2)} / {fmt_mean_sd(a['accuracy'], 100, 2)}",
+             fmt_mean_sd(a["nll"]), fmt_mean_sd(a["ece"]), fmt_mean_sd(a["auroc"]),
+             f"{ratios[arm]:.2f}" if arm in ratios else "—")
             for arm, a in agg.items()]
     result.section(heading, md_table(("optimiser", "train / test accuracy (%)", "NLL", "ECE", "AUROC",
                                       "time per step / Adam"), rows))

@@ -50,7 +50,6 @@ are cached under ``lora_table_runs/`` keyed by their configuration. Run with
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import math
@@ -64,7 +63,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import vogn_table as vt
-from .common import TargetResult, cached_row, load_result, md_table, run_arms, write_cache, write_target
+from .common import (TargetResult, cached_row, config_key, fmt_mean_sd, load_result, md_table, predictive_probs,
+                     run_arms, write_cache, write_target)
 
 NAME = "lora_table"
 TITLE = ("Bayesian fine-tuning: LoRA, MC-dropout LoRA, last-layer Bayesian and variational LoRA on a shifted "
@@ -271,7 +271,7 @@ def fit(arm: str, s: dict, ds, seed: int):
 def _key(s: dict, arm: str, seed: int) -> str:
     cfg = {k: v for k, v in s.items() if k not in ("seeds", "threads")}
     cfg.update({"arm": arm, "seed": seed})
-    return hashlib.sha1(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:10]
+    return config_key(cfg)
 
 
 def run_arm(arm: str, s: dict, seed: int, runs_dir: Path | None = None) -> dict:
@@ -293,12 +293,12 @@ def run_arm(arm: str, s: dict, seed: int, runs_dir: Path | None = None) -> dict:
     (predictor, deterministic, row["seconds_per_epoch"], row["trainable_parameters"],
      row["pretrained_test_accuracy"]) = fit(arm, s, ds, seed)
     t0 = time.perf_counter()
-    probs = vt._probs(predictor, deterministic, ds.x_test, s["predict"], seed)
+    probs = predictive_probs(predictor, deterministic, ds.x_test, s["predict"], seed)
     row["test"] = vt.score(probs, ds.y_test)
     entropy_in = metrics.predictive_entropy(probs)
     row["ood"] = {}
     for kind, x_ood in ds.ood.items():
-        p_ood = vt._probs(predictor, deterministic, x_ood, s["predict"], seed + 1)
+        p_ood = predictive_probs(predictor, deterministic, x_ood, s["predict"], seed + 1)
         row["ood"][kind] = float(metrics.auroc(entropy_in, metrics.predictive_entropy(p_ood)))
     row["predict_seconds"] = time.perf_counter() - t0
     if cache is not None:
@@ -343,11 +343,6 @@ def rerender(out_dir) -> dict:
     return report(out_dir, load_result(out_dir, NAME))
 
 
-def _fmt(pair, scale: float = 1.0, digits: int = 3) -> str:
-    mean, sd = pair
-    return "—" if mean is None else f"{mean * scale:.{digits}f} ± {sd * scale:.{digits}f}"
-
-
 def report(out_dir, result: TargetResult) -> dict:
     """Aggregate the runs, fill the comparisons and sections, write the target."""
     s = result.params
@@ -379,8 +374,9 @@ def report(out_dir, result: TargetResult) -> dict:
                        f"{base['ece'][0]:.3f}; noise AUROC {a['ood_noise'][0]:.3f} vs {base['ood_noise'][0]:.3f}: "
                        "calibration " + ("holds" if calibrated else "does not hold"),
                        f"digits → rotated digits, {len(a['seeds'])} seeds", "a small network and data set, CPU")
-    rows = [(LABELS[arm], a["trainable_parameters"], _fmt(a["accuracy"], 100, 2), _fmt(a["nll"]), _fmt(a["ece"]),
-             _fmt(a["brier"]), _fmt(a["ood_noise"]), _fmt(a["ood_upright"]), f"{a['seconds_per_epoch'][0]:.2f}")
+    rows = [(LABELS[arm], a["trainable_parameters"], fmt_mean_sd(a["accuracy"], 100, 2), fmt_mean_sd(a["nll"]),
+             fmt_mean_sd(a["ece"]), fmt_mean_sd(a["brier"]), fmt_mean_sd(a["ood_noise"]), fmt_mean_sd(a["ood_upright"]),
+             f"{a['seconds_per_epoch'][0]:.2f}")
             for arm, a in agg.items()]
     result.section("The table", md_table(("fine-tuning", "trainable parameters", "test accuracy (%)", "NLL", "ECE",
                                           "Brier", "OOD AUROC (noise)", "OOD AUROC (upright digits)", "s/epoch"),
@@ -388,7 +384,7 @@ def report(out_dir, result: TargetResult) -> dict:
     if agg:
         pre = next(iter(agg.values()))["pretrained_accuracy"]
         result.section("Before fine-tuning", f"The pretrained network's accuracy on the rotated test digits: "
-                       f"{_fmt(pre, 100, 2)} % (mean ± sd over seeds): the shift is real.")
+                       f"{fmt_mean_sd(pre, 100, 2)} % (mean ± sd over seeds): the shift is real.")
     per_run = [(LABELS[r["arm"]], r["seed"],
                 *(("—",) * 5 if "test" not in r else (
                     f"{100 * r['test']['accuracy']:.2f}", f"{r['test']['nll']:.4f}", f"{r['test']['ece']:.4f}",

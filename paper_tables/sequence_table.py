@@ -24,9 +24,7 @@ by their configuration, so an interrupted full run resumes. Run with
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import json
 import math
 import time
 from pathlib import Path
@@ -36,7 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from . import vogn_table as vt
-from .common import TargetResult, cached_row, load_result, md_table, run_arms, write_cache, write_target
+from .common import (TargetResult, cached_row, config_key, fmt_mean_sd, load_result, md_table, predictive_probs,
+                     run_arms, write_cache, write_target)
 
 NAME = "sequence_table"
 TITLE = ("Sequence models: deterministic, MC dropout and Bayesian LSTM, Bayesian transformer — accuracy, NLL, "
@@ -140,7 +139,7 @@ def _key(s: dict, dataset: str, arm: str, seed: int) -> str:
     cfg = {k: s[k] for k in ("batch", "predict", "ood", "lr", "hidden", "layers", "dropout", "rho_init",
                              "transformer")}
     cfg.update({"dataset": dataset, "epochs": s["epochs"][dataset], "arm": arm, "seed": seed})
-    return hashlib.sha1(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:10]
+    return config_key(cfg)
 
 
 def run_arm(key: str, s: dict, seed: int, runs_dir: Path | None = None) -> dict:
@@ -167,12 +166,12 @@ def run_arm(key: str, s: dict, seed: int, runs_dir: Path | None = None) -> dict:
     row["parameters"] = sum(p.numel() for p in model.parameters())
     predictor, deterministic = _predictor(arm, model)
     t0 = time.perf_counter()
-    probs = vt._probs(predictor, deterministic, ds.x_test, s["predict"], seed)
+    probs = predictive_probs(predictor, deterministic, ds.x_test, s["predict"], seed)
     row["test"] = vt.score(probs, ds.y_test)
     entropy_in = metrics.predictive_entropy(probs)
     row["ood"] = {}
     for kind, x_ood in ood_inputs(ds, s["ood"], seed).items():
-        p_ood = vt._probs(predictor, deterministic, x_ood, s["predict"], seed + 1)
+        p_ood = predictive_probs(predictor, deterministic, x_ood, s["predict"], seed + 1)
         row["ood"][kind] = float(metrics.auroc(entropy_in, metrics.predictive_entropy(p_ood)))
     row["predict_seconds"] = time.perf_counter() - t0
     if cache is not None:
@@ -218,11 +217,6 @@ def rerender(out_dir) -> dict:
     return report(out_dir, load_result(out_dir, NAME))
 
 
-def _fmt(pair, scale: float = 1.0, digits: int = 3) -> str:
-    mean, sd = pair
-    return "—" if mean is None else f"{mean * scale:.{digits}f} ± {sd * scale:.{digits}f}"
-
-
 def report(out_dir, result: TargetResult) -> dict:
     """Aggregate the runs, fill the comparisons and sections, write the target."""
     s = result.params
@@ -256,9 +250,9 @@ def report(out_dir, result: TargetResult) -> dict:
                            f"{base['ood_noise'][0]:.3f}: calibration " + ("holds" if calibrated else "does not hold")
                            + ", OOD " + ("holds" if ood else "does not hold"),
                            f"{dataset}, {len(a['seeds'])} seeds", "small networks, few epochs, CPU")
-    rows = [(_split(k)[0], LABELS[_split(k)[1]], a["parameters"], _fmt(a["accuracy"], 100, 2), _fmt(a["nll"]),
-             _fmt(a["ece"]), _fmt(a["brier"]), _fmt(a["ood_noise"]), _fmt(a["ood_rotated"]),
-             f"{a['seconds_per_epoch'][0]:.2f}") for k, a in agg.items()]
+    rows = [(_split(k)[0], LABELS[_split(k)[1]], a["parameters"], fmt_mean_sd(a["accuracy"], 100, 2),
+             fmt_mean_sd(a["nll"]), fmt_mean_sd(a["ece"]), fmt_mean_sd(a["brier"]), fmt_mean_sd(a["ood_noise"]),
+             fmt_mean_sd(a["ood_rotated"]), f"{a['seconds_per_epoch'][0]:.2f}") for k, a in agg.items()]
     result.section("The table", md_table(("dataset", "model", "parameters", "test accuracy (%)", "NLL", "ECE",
                                           "Brier", "OOD AUROC (noise)", "OOD AUROC (rotated 90°)", "s/epoch"), rows))
     per_run = [(r["dataset"], LABELS[_split(r["arm"])[1]], r["seed"],

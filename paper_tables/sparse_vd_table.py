@@ -22,15 +22,13 @@ reached, with the test error and compression scored along the way, and continues
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from mcgraph.apps import atomic_io
-from .common import TargetResult, cached_row, load_result, log, md_table, timed, write_cache, write_target
+from .common import TargetResult, cached_row, config_key, load_result, log, md_table, timed, write_cache, write_target
 
 NAME = "sparse_vd_table"
 TITLE = "Seed 001: LeNet-300-100 and LeNet-5-Caffe — error, per-layer sparsity and compression of Sparse VD and ARD"
@@ -77,10 +75,6 @@ SCHEDULE = ("The seed (lecture slides) gives the table but no training schedule.
             "one seed of a 50-epoch schedule after a 10-epoch original network.")
 
 
-def _key(cfg: dict) -> str:
-    return hashlib.sha1(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:10]
-
-
 def run_one(net: str, arm: str, s: dict, seed: int, runs_dir: Path | None) -> dict:
     """Train (resuming from the epoch checkpoint), prune and score one (network, arm, seed).
 
@@ -98,7 +92,7 @@ def run_one(net: str, arm: str, s: dict, seed: int, runs_dir: Path | None) -> di
            "lr_schedule": s["lr_schedule"], "epochs": s["epochs" if bayesian else "pretrain"][net],
            "warmup": s["warmup"][net] if bayesian else 0, "threshold": s["threshold"],
            "init": f"original ({s['pretrain'][net]} epochs)" if bayesian else "random"}
-    key = _key(cfg)
+    key = config_key(cfg)
     stem = None if runs_dir is None else runs_dir / f"{net}-{arm}-seed{seed}"
     cached = cached_row(None if stem is None else stem.with_suffix(".json"), key)
     if cached is not None:

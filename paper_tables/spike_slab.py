@@ -33,7 +33,6 @@ released notebooks' saved outputs. Runs are cached under ``spike_slab_runs/``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time
@@ -44,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import TargetResult, load_result, log, md_table, timed, write_target, write_cache
+from .common import TargetResult, config_key, load_result, log, md_table, timed, write_target, write_cache
 
 NAME = "spike_slab"
 TITLE = "Seed 004: one-shot EM spike-and-slab pruning — sparse regression examples and accuracy vs sparsity"
@@ -269,8 +268,9 @@ def classifier_runs(c: dict, seed: int) -> list[dict]:
 
 
 def _key(part: dict, what: str, seed: int) -> str:
-    return hashlib.sha1(json.dumps({"part": part, "what": what, "seed": seed}, sort_keys=True,
-                                   default=str).encode()).hexdigest()[:10]
+    """The cache key of one run: its part's settings, what it computes and its seed (dumped with ``default=str``,
+    as the recorded caches were)."""
+    return config_key({"part": part, "what": what, "seed": seed}, default=str)
 
 
 def _cached(runs_dir: Path, name: str, key: str, compute):

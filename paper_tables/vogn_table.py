@@ -25,8 +25,6 @@ augmentation, 210 epochs; BBB 800): CIFAR-10 cannot ship offline. Runs are cache
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import math
 import time
 from pathlib import Path
@@ -36,7 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import TargetResult, cached_row, load_result, md_table, run_arms, timed, write_cache, write_target
+from .common import (TargetResult, cached_row, config_key, fmt_mean_sd, load_result, md_table, predictive_probs,
+                     run_arms, timed, with_dropout, write_cache, write_target)
 
 NAME = "vogn_table"
 TITLE = "Seed 003, Table 1: Adam, BBB, MC dropout and VOGN — accuracy, NLL, ECE, AUROC, time per epoch"
@@ -93,48 +92,34 @@ def _curve_settings(quick: bool) -> dict:
             "ivon": {"lr": 0.1}}
 
 
-def _with_dropout(model: nn.Module, p: float) -> nn.Module:
-    """Insert ``Dropout(p)`` after every activation that feeds a ``Linear`` of a ``Sequential`` (the classifier)."""
-    for module in list(model.modules()):
-        if not isinstance(module, nn.Sequential):
-            continue
-        children = list(module.children())
-        if not any(isinstance(c, nn.Linear) for c in children):
-            continue
-        out = []
-        for i, child in enumerate(children):
-            out.append(child)
-            feeds_linear = any(isinstance(c, nn.Linear) for c in children[i + 1:i + 2])
-            if isinstance(child, (nn.ReLU, nn.Tanh)) and feeds_linear:
-                out.append(nn.Dropout(p))
-        module._modules.clear()
-        for j, child in enumerate(out):
-            module.add_module(str(j), child)
-    return model
-
-
-def _network(s: dict, seed: int, dropout: float | None = None) -> nn.Module:
+def network(s: dict, seed: int, dropout: float | None = None) -> nn.Module:
+    """The table's network for settings ``s`` (``s["model"]``: ``"mlp"``, a 64-``s["hidden"]``-10 ReLU MLP, or a
+    :func:`mcgraph.models.get_model` name, 10 classes), initialised from torch seed ``seed``; with ``dropout``,
+    ``Dropout(dropout)`` after its classifier's hidden activations (:func:`paper_tables.common.with_dropout`)."""
     from mcgraph.models import get_model
     from mcgraph.apps.train import mlp
 
     torch.manual_seed(seed)
     model = mlp(10, 64, (s["hidden"],)) if s["model"] == "mlp" else get_model(s["model"], num_classes=10)
-    return _with_dropout(model, dropout) if dropout else model
+    return with_dropout(model, dropout) if dropout else model
 
 
-def _data(s: dict, seed: int):
+def data(s: dict, seed: int):
+    """The data set ``s["dataset"]`` (:func:`mcgraph.apps.data.load_dataset`, split by ``seed``)."""
     from mcgraph.apps.data import load_dataset
 
     return load_dataset(s["dataset"], seed=seed)
 
 
-def _stepper(arm: str, s: dict, ds, seed: int):
-    """``(model, optimizer, step)`` of one arm; ``step(xb, yb)`` takes one training step on a batch."""
+def stepper(arm: str, s: dict, ds, seed: int):
+    """``(model, optimizer, step)`` of one arm (``"adam"``, ``"bbb"``, ``"mc_dropout"``, ``"vogn"`` or ``"ivon"``,
+    its hyperparameters ``s[arm]``) on the training set of ``ds``; ``step(xb, yb)`` takes one training step on a
+    batch."""
     import mcgraph.nn as mnn
     from mcgraph.optim import VOGN
 
     h = s[arm]
-    model = _network(s, seed, dropout=h.get("p") if arm == "mc_dropout" else None)
+    model = network(s, seed, dropout=h.get("p") if arm == "mc_dropout" else None)
     n = ds.x_train.shape[0]
     if arm == "bbb":
         prior = functools.partial(mnn.PRIORS["normal"], scale=s["vogn"]["prior_precision"] ** -0.5)
@@ -171,7 +156,7 @@ def _stepper(arm: str, s: dict, ds, seed: int):
 
 def _epoch_runner(arm: str, s: dict, ds, seed: int):
     """``(model, optimizer, generator, run_epoch)`` of one arm; ``run_epoch(e)`` trains epoch ``e`` in place."""
-    model, opt, step = _stepper(arm, s, ds, seed)
+    model, opt, step = stepper(arm, s, ds, seed)
     n = ds.x_train.shape[0]
     gen = torch.Generator().manual_seed(seed)
     x, y = ds.x_train, ds.y_train
@@ -208,20 +193,6 @@ def _predictor(arm: str, model: nn.Module, opt):
     return model.eval(), True
 
 
-@torch.no_grad()
-def _probs(predictor: nn.Module, deterministic: bool, x: torch.Tensor, samples: int, seed: int) -> torch.Tensor:
-    import mcgraph.nn as mnn
-
-    out = []
-    for i, start in enumerate(range(0, x.shape[0], 1000)):
-        xb = x[start:start + 1000]
-        if deterministic:
-            out.append(torch.softmax(predictor(xb), -1))
-        else:
-            out.append(mnn.predict(predictor, xb, samples, seed=seed * 1_000_003 + i))
-    return torch.cat(out).double()
-
-
 def score(probs: torch.Tensor, y: torch.Tensor) -> dict:
     """Accuracy, NLL, ECE (15 bins), Brier and misclassification-detection AUROC (predictive entropy)."""
     from mcgraph import metrics
@@ -235,22 +206,24 @@ def score(probs: torch.Tensor, y: torch.Tensor) -> dict:
             "auroc": auroc}
 
 
-def _key(s: dict, arm: str, seed: int) -> str:
+def run_key(s: dict, arm: str, seed: int) -> str:
+    """The cache key of :func:`run_arm` (arm ``arm``, seed ``seed``, settings ``s``): what the run depends on
+    (:func:`paper_tables.common.config_key`)."""
     cfg = {k: s[k] for k in ("dataset", "model", "hidden", "epochs", "batch", "predict", "train_eval")}
     cfg.update({"arm": arm, "hyper": s[arm], "seed": seed, "vogn_delta": s["vogn"]["prior_precision"]})
-    return hashlib.sha1(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:10]
+    return config_key(cfg)
 
 
 def run_arm(arm: str, s: dict, seed: int, runs_dir: Path | None = None) -> dict:
     """Train and score one arm with one seed (cached in ``runs_dir`` by configuration)."""
-    key = _key(s, arm, seed)
+    key = run_key(s, arm, seed)
     cache = None if runs_dir is None else runs_dir / f"{arm}-seed{seed}.json"
     cached = cached_row(cache, key)
     if cached is not None:
         return cached
     import mcgraph.nn as mnn
 
-    ds = _data(s, seed)
+    ds = data(s, seed)
     row = {"key": key, "arm": arm, "seed": seed, "epochs": s["epochs"], "seconds_per_epoch": None,
            "train_examples": int(ds.x_train.shape[0]), "test_examples": int(ds.x_test.shape[0]), "cached": False}
     if arm == "mc_dropout" and not hasattr(mnn, "mc_dropout"):
@@ -259,11 +232,11 @@ def run_arm(arm: str, s: dict, seed: int, runs_dir: Path | None = None) -> dict:
     model, opt, row["seconds_per_epoch"] = _fit(arm, s, ds, seed)
     predictor, deterministic = _predictor(arm, model, opt)
     t0 = time.perf_counter()
-    test = score(_probs(predictor, deterministic, ds.x_test, s["predict"], seed), ds.y_test)
+    test = score(predictive_probs(predictor, deterministic, ds.x_test, s["predict"], seed), ds.y_test)
     x_tr, y_tr = ds.x_train, ds.y_train
     if s["train_eval"]:
         x_tr, y_tr = x_tr[:s["train_eval"]], y_tr[:s["train_eval"]]
-    train_acc = score(_probs(predictor, deterministic, x_tr, s["predict"], seed + 7), y_tr)["accuracy"]
+    train_acc = score(predictive_probs(predictor, deterministic, x_tr, s["predict"], seed + 7), y_tr)["accuracy"]
     row.update({"test": test, "train_accuracy": train_acc, "predict_seconds": time.perf_counter() - t0,
                 "skipped_steps": int(getattr(opt, "skipped_steps", 0))})
     if cache is not None:
@@ -274,7 +247,7 @@ def run_arm(arm: str, s: dict, seed: int, runs_dir: Path | None = None) -> dict:
 def _curve_key(sched: dict, arm: str, seed: int) -> str:
     """What one curve run depends on: the shared settings and its own arm's (adding an arm keeps the others)."""
     cfg = {k: v for k, v in sched.items() if k not in LABELS} | {"hyper": sched[arm], "arm": arm, "seed": seed}
-    return hashlib.sha1(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:10]
+    return config_key(cfg)
 
 
 def run_curve(arm: str, sched: dict, seed: int, runs_dir: Path | None = None) -> dict:
@@ -291,12 +264,13 @@ def run_curve(arm: str, sched: dict, seed: int, runs_dir: Path | None = None) ->
     cached = cached_row(None if stem is None else stem.with_suffix(".json"), key)
     if cached is not None:
         return cached
-    ds = _data(sched, seed)
+    ds = data(sched, seed)
     model, opt, gen, run_epoch = _epoch_runner(arm, sched, ds, seed)
 
     def evaluate(epoch: int) -> dict:
         predictor, deterministic = _predictor(arm, model, opt)
-        scores = score(_probs(predictor, deterministic, ds.x_test, sched["predict"], seed * 1009 + epoch), ds.y_test)
+        probs = predictive_probs(predictor, deterministic, ds.x_test, sched["predict"], seed * 1009 + epoch)
+        scores = score(probs, ds.y_test)
         return {k: scores[k] for k in ("accuracy", "nll", "ece", "auroc")}
 
     trained = train_epochs(None if stem is None else stem.with_suffix(".ckpt"), key,
@@ -326,13 +300,6 @@ def aggregate(runs: list, arms=ARMS) -> dict:
             row[k] = (float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0) if v else (None, None)
         out[arm] = row
     return out
-
-
-def _fmt(pair, scale: float = 1.0, digits: int = 3) -> str:
-    mean, sd = pair
-    if mean is None:
-        return "—"
-    return f"{mean * scale:.{digits}f} ± {sd * scale:.{digits}f}"
 
 
 def run(out_dir, quick: bool = False, seed: int = 0) -> dict:
@@ -386,8 +353,8 @@ def report(out_dir, result: TargetResult) -> dict:
             result.compare(f"{LABELS[arm]}: test accuracy, ECE", f"{paper[1]} %, ECE {paper[5]}", "— (arm missing)",
                            "", "mcgraph.nn.mc_dropout is not available yet; the arm runs once it is")
             continue
-        ours = (f"{_fmt(a['accuracy'], 100, 2)} %, NLL {_fmt(a['nll'])}, ECE {_fmt(a['ece'])}, "
-                f"AUROC {_fmt(a['auroc'])}")
+        ours = (f"{fmt_mean_sd(a['accuracy'], 100, 2)} %, NLL {fmt_mean_sd(a['nll'])}, ECE {fmt_mean_sd(a['ece'])}, "
+                f"AUROC {fmt_mean_sd(a['auroc'])}")
         result.compare(f"{LABELS[arm]}: val/test accuracy, NLL, ECE, AUROC",
                        f"{paper[1]} %, NLL {paper[2]}, ECE {paper[5]}, AUROC {paper[6]}", ours,
                        f"{s['dataset']}, {s['epochs']} epochs, {len(a['seeds'])} seeds",
@@ -408,10 +375,11 @@ def report(out_dir, result: TargetResult) -> dict:
         a = agg.get(arm)
         p = PAPER_ROWS[arm]
         rows.append((LABELS[arm], f"{p[0]} / {p[1]}", p[2], p[3], p[4], p[5], p[6],
-                     "—" if a is None else f"{_fmt(a['train_accuracy'], 100, 2)} / {_fmt(a['accuracy'], 100, 2)}",
-                     "—" if a is None else _fmt(a["nll"]), s["epochs"],
+                     "—" if a is None else
+                     f"{fmt_mean_sd(a['train_accuracy'], 100, 2)} / {fmt_mean_sd(a['accuracy'], 100, 2)}",
+                     "—" if a is None else fmt_mean_sd(a["nll"]), s["epochs"],
                      "—" if a is None else f"{a['seconds_per_epoch'][0]:.2f}",
-                     "—" if a is None else _fmt(a["ece"]), "—" if a is None else _fmt(a["auroc"])))
+                     "—" if a is None else fmt_mean_sd(a["ece"]), "—" if a is None else fmt_mean_sd(a["auroc"])))
     result.section("The table, seed vs ours", md_table(
         ("optimiser", "seed train/val acc (%)", "seed NLL", "seed epochs", "seed s/epoch", "seed ECE", "seed AUROC",
          "ours train/test acc (%)", "ours NLL", "ours epochs", "ours s/epoch", "ours ECE", "ours AUROC"), rows))
@@ -543,4 +511,5 @@ def plot(result: TargetResult, path) -> None:
     fig.savefig(path, dpi=110)
 
 
-__all__ = ["run", "rerender", "run_arm", "run_curve", "claim_at_matched_epochs", "aggregate", "score", "plot"]
+__all__ = ["run", "rerender", "run_arm", "run_key", "run_curve", "claim_at_matched_epochs", "aggregate", "score",
+           "network", "data", "stepper", "plot"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import subprocess
@@ -43,6 +44,72 @@ def test_registry_of_targets():
                             "sequence_table", "lora_table"}
     with pytest.raises(ValueError, match="target must be one of"):
         get_target("table9")
+
+
+def _private_names_of_other_modules(source: str, module: str, modules: set[str]) -> list[str]:
+    """``"line: module.name"`` for every private name (leading underscore, not a dunder) that ``source`` (the code
+    of ``module``) imports from another module of ``modules``, or reads as an attribute of one it imported."""
+    def private(name: str) -> bool:
+        return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+    tree = ast.parse(source)
+    package = module.rpartition(".")[0] or module
+    bound: dict[str, str] = {}  # local name -> the module (or package) it is bound to
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in modules:
+                    bound[a.asname or a.name.partition(".")[0]] = a.name if a.asname else a.name.partition(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(p for p in (package, base) if p)
+            for a in node.names:
+                if f"{base}.{a.name}" in modules:  # a module: from . import vogn_table as vt
+                    bound[a.asname or a.name] = f"{base}.{a.name}"
+                elif base in modules and base != module and private(a.name):
+                    found.append(f"{node.lineno}: {base}.{a.name}")
+
+    def resolve(expr) -> str | None:
+        if isinstance(expr, ast.Name):
+            return bound.get(expr.id)
+        if isinstance(expr, ast.Attribute):
+            owner = resolve(expr.value)
+            return None if owner is None else f"{owner}.{expr.attr}"
+        return None
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and private(node.attr):
+            owner = resolve(node.value)
+            if owner in modules and owner != module:
+                found.append(f"{node.lineno}: {owner}.{node.attr}")
+    return sorted(found, key=lambda f: int(f.partition(":")[0]))
+
+
+def test_no_table_uses_another_modules_private_names():
+    """The tables share helpers through ``paper_tables.common`` or public, documented names of the table that owns
+    them: no module of the package imports a private name of another, nor reads one off an imported module."""
+    package = ROOT / "paper_tables"
+    modules = {"paper_tables"} | {f"paper_tables.{p.stem}" for p in package.glob("*.py") if p.stem != "__init__"}
+    assert set(TARGETS.values()) <= modules
+    check = _private_names_of_other_modules
+    # the check sees every form: from-imports (relative, absolute) and attributes of imported modules
+    bad = ("from .vogn_table import _with_dropout\n"
+           "from paper_tables.vogn_table import network, _data\n"
+           "from . import sequence_table, vogn_table as vt\nvt._probs(1)\nsequence_table._fit(2)\n"
+           "import paper_tables.vogn_table\npaper_tables.vogn_table._key(3)\n"
+           "import paper_tables.ivon_table as it\nit._lstm_key(4)\n")
+    assert check(bad, "paper_tables.lora_table", modules) == [
+        "1: paper_tables.vogn_table._with_dropout", "2: paper_tables.vogn_table._data",
+        "4: paper_tables.vogn_table._probs", "5: paper_tables.sequence_table._fit",
+        "7: paper_tables.vogn_table._key", "9: paper_tables.ivon_table._lstm_key"]
+    fine = ("from .vogn_table import score\nfrom . import vogn_table as vt\nfrom .common import config_key\n"
+            "vt.run_key(1)\nvt.__name__\nmodel._modules.clear()\nimport paper_tables.lora_table as me\nme._key(2)\n")
+    assert check(fine, "paper_tables.lora_table", modules) == []
+    found = {p.name: check(p.read_text(), "paper_tables" if p.stem == "__init__" else f"paper_tables.{p.stem}", modules)
+             for p in sorted(package.glob("*.py"))}
+    assert not {name: names for name, names in found.items() if names}, found
 
 
 def test_table1_files(table1):
