@@ -4,8 +4,9 @@ full disks, non-finite steps and dead ranks.
 The fault-injection harness starts ``python -m mcgraph train`` on digits in a subprocess, sends
 ``SIGKILL`` at a seeded moment (a random time, just after an epoch's log line, or inside the
 checkpoint write, which ``MCGRAPH_ATOMIC_PAUSE_S`` holds open between the complete temporary file
-and ``os.replace``), checks that the checkpoint left behind loads, resumes, and at the end compares
-the parameters with an uninterrupted run's, bit for bit. CI runs a chain of 3 kills on the ELBO
+and ``os.replace``), checks that the checkpoint left behind loads, resumes with ``--resume PATH`` alone
+(the settings come from the checkpoint), and at the end compares the parameters with an uninterrupted
+run's, bit for bit. CI runs a chain of 3 kills on the ELBO
 path; ``-m slow`` runs 30 kill points over every optimizer ``mcgraph train`` offers.
 """
 
@@ -133,7 +134,8 @@ def _kill_chain(tmp_path: Path, name: str, extra: list, kinds: list, rng: random
         ckpt = out / "checkpoint.pt"
         kind = todo[0] if todo else None
         done_epochs = atomic_io.load_checkpoint(ckpt)[0]["epoch"] if ckpt.exists() else 0
-        argv = TINY + extra + ["--out", str(out)] + (["--resume", str(ckpt)] if ckpt.exists() else [])
+        # a killed run resumes as a person would: `mcgraph train --resume PATH` alone
+        argv = ["--resume", str(ckpt)] if ckpt.exists() else TINY + extra + ["--out", str(out)]
         env = _env()
         if kind == "write":
             env.update(MCGRAPH_ATOMIC_PAUSE_S="0.5", MCGRAPH_ATOMIC_MATCH="checkpoint.pt")
@@ -380,17 +382,25 @@ def test_torn_foreign_and_wrong_model_checkpoints_name_the_file(tmp_path, capsys
     atomic_io.save_checkpoint(stripped, state)
     cases[stripped] = "another model"
     for path, reason in cases.items():
-        assert _main(_tiny(out, 2, "--resume", str(path))) == 2
+        assert _main(_tiny(path.parent, 2, "--resume", str(path))) == 2
         err = capsys.readouterr().err
         assert str(path) in err and reason in err, (path, err)
-    # a checkpoint of another network (--hidden 16 resumed as --hidden 8)
+    # a checkpoint of another network (--hidden 16 resumed as --hidden 8): refused by name on the command line,
+    # and by train() itself when it is handed settings that do not fit
     other = tmp_path / "wide"
     argv = _tiny(other, 1)
     argv[argv.index("--hidden") + 1] = "16"
     assert _main(argv) == 0
-    assert _main(_tiny(out, 2, "--resume", str(other / "checkpoint.pt"))) == 2
+    assert _main(_tiny(other, 2, "--resume", str(other / "checkpoint.pt"))) == 2
     err = capsys.readouterr().err
-    assert str(other / "checkpoint.pt") in err and "another run: hidden=[16]" in err, err
+    assert str(other / "checkpoint.pt") in err and "--hidden 8 contradicts the checkpoint's hidden 16" in err, err
+    args = mtrain.build_parser().parse_args(_tiny(other, 2, "--resume", str(other / "checkpoint.pt")))
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(atomic_io.CheckpointError, match=r"another run: hidden=\[16\]"):
+            mtrain.train(args)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_resume_fallback_to_the_previous_checkpoint(tmp_path, capsys):

@@ -109,8 +109,10 @@ RESUME = ["--model", "mlp", "--hidden", "8", "--dataset", "digits", "--batch-siz
     ["--optimizer", "vogn", "--spike-slab", "--prune-warmup", "1"],
 ], ids=["adam", "vogn", "ivon", "adaptive-vb", "sghmc", "vogn-spike-slab"])
 def test_resume_is_bitwise_exact(tmp_path, extra):
-    """Resumed from the checkpoint of epoch 1 (kept as checkpoint.pt.2), a run ends with the uninterrupted
-    run's parameters, optimizer state and snapshots bit for bit; checkpoints load with weights_only=True."""
+    """Resumed from the checkpoint of epoch 1 (kept as checkpoint.pt.2) by ``--resume PATH`` alone (the
+    optimizer and its options, ``--lr`` and the epochs come from the checkpoint), a run ends with the
+    uninterrupted run's parameters, optimizer state and snapshots bit for bit; checkpoints load with
+    weights_only=True."""
     from mcgraph.apps import atomic_io
 
     ref, again = tmp_path / "ref", tmp_path / "again"
@@ -119,7 +121,7 @@ def test_resume_is_bitwise_exact(tmp_path, extra):
         assert mtrain.main(RESUME + extra + ["--out", str(ref)]) == 0
         again.mkdir()
         (again / "start.pt").write_bytes((ref / "checkpoint.pt.2").read_bytes())
-        assert mtrain.main(RESUME + extra + ["--out", str(again), "--resume", str(again / "start.pt")]) == 0
+        assert mtrain.main(["--resume", str(again / "start.pt")]) == 0
     finally:
         torch.set_num_threads(threads)
     a, _ = atomic_io.load_checkpoint(ref / "checkpoint.pt")

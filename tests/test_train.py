@@ -201,8 +201,10 @@ def test_training_logs_monte_carlo_standard_errors(tmp_path, train_samples, kl_m
 @pytest.mark.parametrize("extra", [[], ["--deterministic"], ["--train-samples", "2", "--lr-decay", "0.9"]],
                          ids=["elbo", "deterministic", "elbo-2-samples"])
 def test_resume_is_bitwise_exact(tmp_path, extra):
-    """Resumed from the checkpoint of epoch 1 (kept as checkpoint.pt.2), the ELBO run ends with the
-    uninterrupted run's parameters and Adam state bit for bit (same data order, noise and generator states)."""
+    """Resumed from the checkpoint of epoch 1 (kept as checkpoint.pt.2) by ``--resume PATH`` alone (every
+    setting, ``--threads`` and the 3 epochs included, comes from the checkpoint; the output goes to the
+    checkpoint's folder), the ELBO run ends with the uninterrupted run's parameters and Adam state bit for
+    bit (same data order, noise and generator states)."""
     from mcgraph.apps import atomic_io
 
     common = ["--model", "mlp", "--hidden", "8", "--dataset", "digits", "--batch-size", "128", "--limit-train",
@@ -214,12 +216,12 @@ def test_resume_is_bitwise_exact(tmp_path, extra):
         assert mtrain.main(common + ["--out", str(ref)]) == 0
         again.mkdir()
         (again / "start.pt").write_bytes((ref / "checkpoint.pt.2").read_bytes())
-        assert mtrain.main(common + ["--out", str(again), "--resume", str(again / "start.pt")]) == 0
+        assert mtrain.main(["--resume", str(again / "start.pt")]) == 0
     finally:
         torch.set_num_threads(threads)
     a, _ = atomic_io.load_checkpoint(ref / "checkpoint.pt")
     b, _ = atomic_io.load_checkpoint(again / "checkpoint.pt")
-    assert a["step"] == b["step"] == 12
+    assert a["step"] == b["step"] == 12 and b["args"]["out"] == str(again)
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
     for x, y in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):

@@ -103,9 +103,10 @@ class ElboTraining:
         self.optimizer.step()
         return StepResult(float(loss.detach()), float(nll_b), float(kl_b), correct)
 
-    def epoch_extra(self, epoch: int, log) -> dict:
+    def epoch_extra(self, epoch: int) -> dict:
+        """The epoch's entries for ``metrics.jsonl`` and its log line: the Monte Carlo standard errors of its
+        first step (one process, unless ``--no-stderr``)."""
         if self.bayesian and not self.args.no_stderr and self.ranks.world is None:
-            log(f"epoch {epoch + 1} first step: " + ", ".join(f"{k} {v:.4g}" for k, v in self.stderr.items()))
             return dict(self.stderr)
         return {}
 

@@ -447,7 +447,8 @@ class OptimizerTraining:
         raise base.TrainingDiverged(f"step {step + 1}: the gradient of a weight sample is not finite (the data "
                                     f"term, {float(loss):.6g}, is); nothing was written")
 
-    def epoch_extra(self, epoch: int, log) -> dict:
+    def epoch_extra(self, epoch: int) -> dict:
+        """The epoch's entries for ``metrics.jsonl`` and its log line (the sparsity under ``--spike-slab``)."""
         return {} if self.spike_slab is None else {"sparsity": self.spike_slab.sparsity()["sparsity"]}
 
     # ------------------------------------------------------------------ evaluation and summary

@@ -15,10 +15,17 @@ the digits as 8 rows of 8 pixels, MNIST as 28 rows of 28, MNIST-1D as 40 steps o
 
     python -m mcgraph train --model lstm --dataset digits --posterior normal --kl-samples 16 --epochs 5
 
-Output, under ``--out``: ``checkpoint.pt`` (model, optimizer, epoch, step, generator states;
-``--resume`` continues from it), ``metrics.jsonl`` (one row per evaluation), and the final
+Output, under ``--out``: ``checkpoint.pt`` (model, optimizer, epoch, step, generator states, the
+run's settings; ``--resume`` continues from it), ``metrics.jsonl`` (one row per epoch), and the final
 ``summary.json`` and ``summary.md`` (accuracy, NLL, ECE, Brier on the test set from
-``--eval-samples`` predictive samples, timings, configuration).
+``--eval-samples`` predictive samples, timings, configuration). Progress: a tqdm bar per epoch on a
+terminal, one plain line per epoch into a file or a pipe (and without tqdm).
+
+**Stop and resume.** Ctrl-C (SIGINT) stops the run with exit status 130 and one line naming the last
+checkpoint and the command that resumes it, ``mcgraph train --resume PATH``. ``--resume PATH`` alone
+continues the run with the checkpoint's settings (:func:`~mcgraph.apps.training_run.resume_settings`) in
+the checkpoint's folder; a flag given beside it that contradicts the checkpoint is refused by name, except
+the run controls (:data:`~mcgraph.apps.training_run.RUN_CONTROLS`: more ``--epochs``, ``--threads``, …).
 
 **Crash safety.** Every file is written atomically (a temporary file, ``fsync``,
 ``os.replace``): a run killed at any moment leaves the previous complete checkpoint, and
@@ -45,8 +52,10 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shlex
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -55,10 +64,12 @@ from . import atomic_io, launch
 from ..metrics import prediction_metrics
 from .data import DATASETS
 from ..models import MODELS
-from .training_run import (Progress, TrainingDiverged, add_checkpoint_arguments, append_metrics, build_model,
-                           evaluate, load_resume, load_splits, log, mlp, resume_log, save_checkpoint)
+from .training_run import (Progress, TrainingDiverged, TrainingInterrupted, add_checkpoint_arguments, append_metrics,
+                           build_model, evaluate, load_resume, load_splits, log, mlp, resume_log, resume_settings,
+                           save_checkpoint)
 
-__all__ = ["main", "build_parser", "build_model", "mlp", "evaluate", "prediction_metrics", "load_splits", "train"]
+__all__ = ["main", "build_parser", "parse_args", "build_model", "mlp", "evaluate", "prediction_metrics", "load_splits",
+           "train", "interrupted_line", "TrainingInterrupted"]
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -148,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def train(args) -> dict:
+def train(args, *, resumed: tuple[dict, Path] | None = None) -> dict:
     """Run the training of ``args`` (from :func:`build_parser`); returns the summary dict.
 
     One loop for every way of training: the method is :class:`~mcgraph.apps.elbo_training.ElboTraining`
@@ -157,6 +168,13 @@ def train(args) -> dict:
     (:data:`~mcgraph.apps.optim_train.OPTIMIZER_BUILDERS`). The loop owns the data order, progress,
     evaluation, metrics, checkpoints (atomic; ``--resume`` continues bit for bit) and the summary.
     Under ``torchrun`` it joins the process group and leaves it when done (or failed).
+
+    ``resumed``: ``(state, file)``, the checkpoint of ``args.resume`` already read (by :func:`main`, which takes
+    the run's settings from it); without it the checkpoint is read here.
+
+    Raises:
+        TrainingInterrupted: Ctrl-C (SIGINT); it names the last complete checkpoint. Nothing partial is left:
+            a write that was under way is abandoned and the file keeps its previous content.
     """
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -165,12 +183,34 @@ def train(args) -> dict:
     ranks = launch.ranks_from_env(device, getattr(args, "data_parallel", 1),
                                   getattr(args, "dist_timeout", launch.DEFAULT_TIMEOUT_S))
     try:
-        return _train(args, device, ranks)
+        return _train(args, device, ranks, resumed)
     finally:
         ranks.close()
 
 
-def _train(args, device: torch.device, ranks: launch.Ranks) -> dict:
+@dataclass
+class _Reached:
+    """How far the run has got, for the line a Ctrl-C prints: the last complete checkpoint, the epochs it holds
+    (``None``: not known yet) and what the run was doing."""
+
+    checkpoint: Path | None = None
+    epochs_done: int | None = None
+    doing: str = "before training"
+
+
+def _train(args, device: torch.device, ranks: launch.Ranks, resumed) -> dict:
+    reached = _Reached()
+    if resumed is not None:
+        reached.checkpoint, reached.epochs_done = Path(resumed[1]), int(resumed[0]["epoch"])
+    elif args.resume:
+        reached.checkpoint = Path(args.resume)
+    try:
+        return _run(args, device, ranks, resumed, reached)
+    except KeyboardInterrupt:
+        raise TrainingInterrupted(reached.checkpoint, reached.epochs_done, reached.doing) from None
+
+
+def _run(args, device: torch.device, ranks: launch.Ranks, resumed, reached: _Reached) -> dict:
     from .elbo_training import ElboTraining
     from .optim_train import OptimizerTraining
 
@@ -186,9 +226,12 @@ def _train(args, device: torch.device, ranks: launch.Ranks) -> dict:
     ranks.barrier()
     start_epoch, step, data_rng = 0, 0, None
     if args.resume:
-        state, used = load_resume(args, model, optimizer, device)
+        if resumed is not None and device.type != "cpu":  # read on the CPU for its settings: read again onto device
+            resumed = None
+        state, used = load_resume(args, model, optimizer, device, loaded=resumed)
         method.load_extra(state)
         start_epoch, step, data_rng = int(state["epoch"]), int(state["step"]), state.get("data_rng")
+        reached.checkpoint, reached.epochs_done = used, start_epoch
         if ranks.is_main:
             log(f"resumed from {used} at epoch {start_epoch}")
     n_params = sum(p.numel() for p in model.parameters())
@@ -199,48 +242,52 @@ def _train(args, device: torch.device, ranks: launch.Ranks) -> dict:
     gen, history, log_path = resume_log(args, out, start_epoch, n_train, write=ranks.is_main, data_rng=data_rng)
     t_train = sum(r.get("time_s", 0.0) for r in history)
     for epoch in range(start_epoch, args.epochs):
+        reached.doing = f"in epoch {epoch + 1} of {args.epochs}"
         method.begin_epoch(epoch)
         model.train()
         perm = torch.randperm(n_train, generator=gen)
-        bar = Progress(batches, f"epoch {epoch + 1}/{args.epochs}", not args.no_progress and ranks.is_main)
         t0 = time.perf_counter()
         sums = {"loss": 0.0, "nll": 0.0, "kl": 0.0}
-        for b in range(batches):
-            idx = ranks.shard(perm[b * args.batch_size:(b + 1) * args.batch_size])
-            xb, yb = x_train[idx].to(device), y_train[idx].to(device)
-            result = method.step(xb, yb, step, b == 0, say)
-            step += 1
-            if result is None:  # skipped (--on-nonfinite skip)
-                continue
-            sums["loss"] += result.loss
-            sums["nll"] += result.nll
-            sums["kl"] += result.kl
-            bar.update(loss=sums["loss"] / (b + 1), nll=sums["nll"] / (b + 1), kl=result.kl)
-        bar.close()
+        with Progress(batches, f"epoch {epoch + 1}/{args.epochs}", not args.no_progress and ranks.is_main) as bar:
+            note = bar.write if ranks.is_main else say
+            for b in range(batches):
+                idx = ranks.shard(perm[b * args.batch_size:(b + 1) * args.batch_size])
+                xb, yb = x_train[idx].to(device), y_train[idx].to(device)
+                result = method.step(xb, yb, step, b == 0, note)
+                step += 1
+                if result is None:  # skipped (--on-nonfinite skip)
+                    continue
+                sums["loss"] += result.loss
+                sums["nll"] += result.nll
+                sums["kl"] += result.kl
+                bar.update(loss=sums["loss"] / (b + 1), nll=sums["nll"] / (b + 1), kl=result.kl)
         t_epoch = time.perf_counter() - t0
         t_train += t_epoch
         row = {"epoch": epoch + 1, "step": step, "time_s": t_epoch, "loss": sums["loss"] / batches,
                "train_nll": sums["nll"] / batches, "kl": sums["kl"] / batches,
                "lr": optimizer.param_groups[0]["lr"], "skipped_steps": method.skipped}
-        row.update(method.epoch_extra(epoch, log))
+        extra = method.epoch_extra(epoch)
+        row.update(extra)
         last = epoch + 1 == args.epochs
+        line = f"epoch {epoch + 1}: loss {row['loss']:.4f}  kl {row['kl']:.4g}"
         if args.eval_every and ((epoch + 1) % args.eval_every == 0) and not last:
             split = "val" if ds.x_val is not None else "test"
             ev = method.evaluate(x_eval, y_eval, args.periodic_eval_samples)
             method.after_evaluation()
             row.update({f"{split}_{k}": v for k, v in ev.items() if k not in ("examples", "num_samples")})
-            line = (f"epoch {epoch + 1}: loss {row['loss']:.4f}  kl {row['kl']:.4g}  {split} acc "
-                    f"{ev['accuracy']:.4f}  nll {ev['nll']:.4f}  ece {ev['ece']:.4f}  ({t_epoch:.1f} s)")
-        else:
-            line = f"epoch {epoch + 1}: loss {row['loss']:.4f}  kl {row['kl']:.4g}  ({t_epoch:.1f} s)"
+            line += f"  {split} acc {ev['accuracy']:.4f}  nll {ev['nll']:.4f}  ece {ev['ece']:.4f}"
+        line += "".join(f"  {k} {v:.4g}" for k, v in extra.items()) + f"  ({t_epoch:.1f} s)"
         history.append(row)
         if ranks.is_main:
             append_metrics(log_path, history)
         if args.checkpoint_every and ((epoch + 1) % args.checkpoint_every == 0 or last) and ranks.is_main:
             save_checkpoint(out / "checkpoint.pt", model, optimizer, epoch + 1, step, args, generator=gen,
                             **method.checkpoint_extra())
-        say(line)  # after the checkpoint: an epoch in the log is an epoch on disk
+            reached.checkpoint, reached.epochs_done = out / "checkpoint.pt", epoch + 1
+        reached.doing = f"after epoch {epoch + 1} of {args.epochs}"
+        say(line)  # one line per epoch, after the checkpoint: an epoch in the log is an epoch on disk
         ranks.barrier()
+    reached.doing = "during the final evaluation"
 
     t0 = time.perf_counter()
     test = method.evaluate(x_test, y_test, args.eval_samples)
@@ -253,6 +300,7 @@ def _train(args, device: torch.device, ranks: launch.Ranks) -> dict:
         if not args.checkpoint_every:
             save_checkpoint(out / "checkpoint.pt", model, optimizer, args.epochs, step, args, generator=gen,
                             **method.checkpoint_extra())
+            reached.checkpoint, reached.epochs_done = out / "checkpoint.pt", args.epochs
         atomic_io.write_json(out / "summary.json", summary, indent=2, default=str)
         atomic_io.write_text(out / "summary.md", method.markdown(summary))
     ranks.barrier()
@@ -261,10 +309,70 @@ def _train(args, device: torch.device, ranks: launch.Ranks) -> dict:
     return summary
 
 
+_UNSET = object()
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse.Namespace, frozenset[str]]:
+    """``(args, the options argv gives)``: the parse of ``argv``, and the ``dest`` of every option it names
+    (a resumed run takes the others from its checkpoint, :func:`~.training_run.resume_settings`).
+
+    Example:
+        >>> args, given = parse_args(build_parser(), ["--lr", "0.01", "--flipout"])
+        >>> args.lr, args.epochs, sorted(given)
+        (0.01, 10, ['flipout', 'lr'])
+    """
+    defaults = vars(parser.parse_args([]))
+    parsed = vars(parser.parse_args(argv, argparse.Namespace(**dict.fromkeys(defaults, _UNSET))))
+    given = frozenset(name for name, value in parsed.items() if value is not _UNSET)
+    return argparse.Namespace(**{k: defaults[k] if v is _UNSET else v for k, v in parsed.items()}), given
+
+
+def interrupted_line(stop: KeyboardInterrupt, args) -> str:
+    """The one line a Ctrl-C prints: where the run stopped, its last checkpoint and the command that resumes it.
+
+    Example:
+        >>> stop = TrainingInterrupted(Path("runs/a/checkpoint.pt"), 2, "in epoch 3 of 5")
+        >>> print(interrupted_line(stop, None))
+        mcgraph train: interrupted in epoch 3 of 5; runs/a/checkpoint.pt holds epoch 2; resume with: mcgraph \
+train --resume runs/a/checkpoint.pt
+    """
+    if isinstance(stop, TrainingInterrupted):
+        checkpoint, done, doing = stop.checkpoint, stop.epochs_done, stop.doing
+    else:  # before the run began: only the checkpoint it was to resume from is known
+        checkpoint = Path(args.resume) if getattr(args, "resume", None) else None
+        done, doing = None, "before training"
+    if checkpoint is None:
+        return f"mcgraph train: interrupted {doing}, before the first checkpoint; nothing to resume"
+    holds = "" if done is None else f"; {checkpoint} holds epoch {done}"
+    torchrun = " (under torchrun, as before)" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+    return (f"mcgraph train: interrupted {doing}{holds}; resume with: mcgraph train --resume "
+            f"{shlex.quote(str(checkpoint))}{torchrun}")
+
+
+def _rank0() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _launch_problem(args, given) -> str | None:
+    """Why ``args`` cannot run in this launch (a setting a resumed run took from its checkpoint, say), or ``None``."""
+    origin = lambda name: "" if name in given else " (the checkpoint's)"  # noqa: E731
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world % args.data_parallel:
+        return (f"--data-parallel {args.data_parallel}{origin('data_parallel')} does not divide the {world} "
+                "process(es) of this launch: give --data-parallel with a divisor of it")
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        return f"--device {args.device}{origin('device')}: no CUDA device here: give --device cpu"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m mcgraph train``; returns the exit status."""
+    """Entry point of ``python -m mcgraph train``; returns the exit status (130 after Ctrl-C).
+
+    ``--resume PATH`` takes the run's settings from the checkpoint (:func:`~.training_run.resume_settings`): the
+    flags given beside it must agree with them, except the run controls (:data:`~.training_run.RUN_CONTROLS`).
+    """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, given = parse_args(parser, sys.argv[1:] if argv is None else list(argv))
     if args.model != "mlp" and args.model not in MODELS:
         parser.error(f"--model must be mlp or one of {sorted(MODELS)}, got {args.model!r}")
     for name in ("epochs", "batch_size", "kl_samples", "train_samples", "eval_samples", "periodic_eval_samples"):
@@ -275,7 +383,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.keep_checkpoints < 0:
         parser.error(f"--keep-checkpoints must be >= 0, got {args.keep_checkpoints}")
     try:
-        train(args)
+        resumed = None
+        if args.resume:
+            resumed = atomic_io.load_checkpoint(args.resume, map_location="cpu", fallback=args.resume_fallback,
+                                                warn=log)
+            args, changes = resume_settings(args, given, *resumed)
+            if changes and _rank0():
+                log(f"resuming {resumed[1]} with " + ", ".join(changes))
+        unfit = _launch_problem(args, given)
+        if unfit:
+            print(f"mcgraph train: {unfit}", file=sys.stderr)
+            return 2
+        train(args, resumed=resumed)
+    except KeyboardInterrupt as stop:  # Ctrl-C: one line, no traceback
+        if _rank0():
+            print(interrupted_line(stop, args), file=sys.stderr, flush=True)
+        return 130
     except ImportError as e:  # an optional dataset package is missing
         print(f"mcgraph train: {e}", file=sys.stderr)
         return 1

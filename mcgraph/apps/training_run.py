@@ -30,9 +30,10 @@ from .data import load_dataset
 from ..models import get_model
 from ..models.sequence import is_sequence_model, sequence_model
 
-__all__ = ["StepResult", "mlp", "build_model", "predict_probs", "evaluate", "is_bayesian", "family_options", "Progress", "log", "save_checkpoint",
-           "load_splits", "resume_log", "add_checkpoint_arguments", "load_resume", "append_metrics",
-           "TrainingDiverged", "check_finite", "check_finite_grads", "fault_nonfinite"]
+__all__ = ["StepResult", "mlp", "build_model", "predict_probs", "evaluate", "is_bayesian", "family_options",
+           "Progress", "log", "save_checkpoint", "load_splits", "resume_log", "add_checkpoint_arguments",
+           "load_resume", "resume_settings", "RUN_CONTROLS", "append_metrics", "TrainingDiverged",
+           "TrainingInterrupted", "check_finite", "check_finite_grads", "fault_nonfinite"]
 
 
 def mlp(num_classes: int, in_features: int, hidden: tuple[int, ...] = (256, 256), *,
@@ -144,27 +145,71 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_samples: in
 
 
 class Progress:
-    """A tqdm bar on a terminal when tqdm is installed; nothing otherwise (logs get one line per epoch,
-    never a bar's carriage-return redraws)."""
+    """One epoch's progress: a tqdm bar when stderr is a terminal and tqdm is installed (the ``bench`` extra
+    installs it); nothing otherwise, so a log file or a pipe gets only the loop's one line per epoch, never a
+    bar's carriage-return redraws.
+
+    A terminal that reports no size (a pseudo-terminal opened without one, as ``script`` or a CI runner
+    may give) is drawn 80 columns wide: tqdm would take its 0 × 0 for a screen with no room and draw nothing.
+    Use it as a context manager, so that the bar is cleared however the epoch ends (Ctrl-C included).
+
+    Example:
+        >>> with Progress(3, "epoch 1/1", enabled=False) as bar:  # --no-progress: never a bar
+        ...     bar.update(loss=0.5)
+        >>> bar.bar is None
+        True
+    """
+
+    #: the size drawn on a terminal that reports none (tqdm keeps one column free)
+    FALLBACK_SIZE = (80, 24)
 
     def __init__(self, total: int, desc: str, enabled: bool):
         self.bar = None
-        if enabled and sys.stderr.isatty():
-            try:
-                from tqdm.auto import tqdm
-
-                self.bar = tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True, file=sys.stderr)
-            except ImportError:
-                self.bar = None
+        if not (enabled and _isatty(sys.stderr)):
+            return
+        try:
+            from tqdm import tqdm
+        except ImportError:  # no bar: the epoch lines are the progress
+            return
+        try:
+            columns, lines = os.get_terminal_size(sys.stderr.fileno())
+        except (AttributeError, OSError, ValueError):
+            columns, lines = 0, 0
+        sized = columns > 0 and lines > 0
+        if not sized:
+            columns, lines = self.FALLBACK_SIZE
+        self.bar = tqdm(total=total, desc=desc, leave=False, file=sys.stderr, ncols=columns - 1, nrows=lines - 1,
+                        dynamic_ncols=sized)
 
     def update(self, **postfix):
         if self.bar is not None:
             self.bar.set_postfix({k: f"{v:.4g}" for k, v in postfix.items()}, refresh=False)
             self.bar.update(1)
 
+    def write(self, msg: str) -> None:
+        """Log ``msg`` on its own line (above the bar while one is drawn)."""
+        if self.bar is not None:
+            self.bar.write(msg, file=sys.stderr)
+            sys.stderr.flush()
+        else:
+            log(msg)
+
     def close(self):
         if self.bar is not None:
             self.bar.close()
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # replaced or closed streams
+        return False
 
 
 def log(msg: str) -> None:
@@ -184,6 +229,20 @@ class StepResult:
 
 class TrainingDiverged(RuntimeError):
     """A loss or gradient went non-finite; the message names the step and the term. Nothing was written."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) stopped the run; what had been written is complete (every write is atomic).
+
+    Attributes:
+        checkpoint: the last complete checkpoint of the run (``None``: none yet), the one to resume from.
+        epochs_done: the epochs that checkpoint holds (``None``: not known).
+        doing: what the run was doing (``"in epoch 3 of 5"``, ``"during the final evaluation"``, ...).
+    """
+
+    def __init__(self, checkpoint: Path | None, epochs_done: int | None, doing: str):
+        self.checkpoint, self.epochs_done, self.doing = checkpoint, epochs_done, doing
+        super().__init__(f"interrupted {doing} (last checkpoint: {checkpoint})")
 
 
 def add_checkpoint_arguments(group) -> None:
@@ -228,10 +287,116 @@ def save_checkpoint(path: Path, model, optimizer, epoch: int, step: int, args, *
 #: ``args`` entries whose difference makes a checkpoint belong to another run.
 _IDENTITY = ("model", "hidden", "dataset", "deterministic", "posterior", "optimizer", "avb_form", "image_size")
 
+#: The flags a resumed run may set apart from its checkpoint: where it runs (``--threads``, ``--device`` and the
+#: ranks' layout), what it shows, keeps and reports after training (``--no-progress``, ``--keep-checkpoints``,
+#: ``--checkpoint-every``, ``--resume-fallback``, ``--eval-samples``), what a failure does (``--on-nonfinite``),
+#: and how far it goes (``--epochs``, never below the epochs the checkpoint holds). Every other setting shapes
+#: the numbers of the steps to come and must agree with the checkpoint.
+RUN_CONTROLS = frozenset({"epochs", "threads", "device", "data_parallel", "dist_timeout", "no_progress",
+                          "keep_checkpoints", "checkpoint_every", "resume_fallback", "eval_samples", "on_nonfinite"})
 
-def load_resume(args, model, optimizer, device) -> tuple[dict, Path]:
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _shown(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return " ".join(map(str, value))
+    return str(value)
+
+
+def resume_settings(args, given, state: dict, used: Path):
+    """The settings of the run ``state`` (a checkpoint read from ``used``) continues, and the flags that change.
+
+    The rule of ``mcgraph train --resume PATH [flags]``:
+
+    * a setting the command line leaves out is the checkpoint's (``--resume PATH`` alone continues the run as it
+      was: model, data, posterior, optimizer, ``--lr``, ``--seed``, ``--epochs``, ``--threads``, …);
+    * a flag given beside ``--resume`` that agrees with the checkpoint is accepted; one that contradicts it is
+      refused by name (``--lr 0.01 contradicts the checkpoint's lr 0.001``), unless it is one of
+      :data:`RUN_CONTROLS`;
+    * ``--epochs`` may extend the run, never cut it below the epochs the checkpoint holds, and is fixed for
+      ``--avb-form sghmc``, whose cyclical learning rate is laid out over the run's epochs;
+    * the output folder is the checkpoint's folder (``metrics.jsonl`` and the kept checkpoints live there); an
+      ``--out`` must name that folder.
+
+    A checkpoint that carries no settings leaves ``args`` as they are.
+
+    Args:
+        args: the parsed command line (``argparse.Namespace``); not modified.
+        given: the names (``dest``) of the options the command line gave explicitly.
+        state: the checkpoint, as :func:`~mcgraph.apps.atomic_io.load_checkpoint` returns it.
+        used: the file it came from.
+
+    Returns:
+        ``(settings, changes)``: a new namespace, and one ``"--flag new (checkpoint: old)"`` per run control
+        the command line changes.
+
+    Raises:
+        atomic_io.CheckpointError: naming the checkpoint and every contradicting flag.
+
+    Example:
+        >>> import argparse
+        >>> state = {"epoch": 2, "args": {"lr": 0.001, "epochs": 3, "seed": 0, "out": "runs/a"}}
+        >>> cli = argparse.Namespace(lr=0.001, epochs=5, seed=0, out=None, resume="runs/a/checkpoint.pt")
+        >>> settings, changes = resume_settings(cli, {"lr", "epochs"}, state, Path("runs/a/checkpoint.pt"))
+        >>> settings.epochs, settings.out, changes
+        (5, 'runs/a', ['--epochs 5 (checkpoint: 3)'])
+        >>> resume_settings(cli, {"lr"}, state, Path("runs/a/checkpoint.pt"))[0].epochs
+        3
+        >>> cli.lr = 0.01
+        >>> resume_settings(cli, {"lr"}, state, Path("runs/a/checkpoint.pt"))
+        Traceback (most recent call last):
+        ...
+        mcgraph.apps.atomic_io.CheckpointError: checkpoint runs/a/checkpoint.pt: --lr 0.01 contradicts the \
+checkpoint's lr 0.001. Leave it out to continue the run as it was, or start a new run without --resume
+    """
+    import argparse
+
+    saved = state.get("args")
+    if not isinstance(saved, dict):
+        return argparse.Namespace(**vars(args)), []
+    settings = dict(vars(args))
+    folder = Path(used).parent
+    conflicts, changes = [], []
+    for name, stored in saved.items():
+        if name in ("resume", "out") or name not in settings:
+            continue
+        if name not in given:
+            settings[name] = stored
+            continue
+        value = settings[name]
+        if _plain(value) == stored:
+            continue
+        if name == "epochs" and (int(value) < int(state.get("epoch", 0))):
+            conflicts.append(f"--epochs {value} is fewer than the {state.get('epoch')} epochs the checkpoint holds")
+        elif name == "epochs" and saved.get("optimizer") == "adaptive-vb" and saved.get("avb_form") == "sghmc":
+            conflicts.append(f"--epochs {value} contradicts the checkpoint's epochs {stored} (the cyclical learning "
+                             "rate of --avb-form sghmc is laid out over the run's epochs)")
+        elif name in RUN_CONTROLS:
+            changes.append(f"{_flag(name)} {_shown(value)} (checkpoint: {_shown(stored)})")
+        else:
+            shown = _flag(name) if value is True else f"{_flag(name)} {_shown(value)}"
+            conflicts.append(f"{shown} contradicts the checkpoint's {name} {_shown(stored)}")
+    if "out" in given and settings.get("out") is not None and Path(settings["out"]).resolve() != folder.resolve():
+        conflicts.append(f"--out {settings['out']} contradicts the checkpoint's run folder {folder} (a resumed run "
+                         f"continues in its checkpoint's folder; to branch it, copy {Path(used).name} into "
+                         f"{settings['out']} and resume that copy)")
+    if conflicts:
+        hint = "Leave it out" if len(conflicts) == 1 else "Leave them out"
+        raise atomic_io.CheckpointError(used, "; ".join(conflicts) + f". {hint} to continue the run as it was, or "
+                                        "start a new run without --resume")
+    settings["out"] = str(folder)
+    return argparse.Namespace(**settings), changes
+
+
+def load_resume(args, model, optimizer, device, loaded: tuple[dict, Path] | None = None) -> tuple[dict, Path]:
     """Load ``args.resume`` (``weights_only=True``; with ``--resume-fallback`` its previous versions) into
     ``model`` and ``optimizer`` and restore torch's global generator; returns ``(state, file used)``.
+
+    ``loaded``: ``(state, file)`` already read by :func:`~mcgraph.apps.atomic_io.load_checkpoint` (the command
+    line reads the checkpoint once, for its settings and its state); it is checked the same way.
 
     Raises:
         atomic_io.CheckpointError: naming the file and what is wrong (missing, torn, foreign, another model).
@@ -258,9 +423,13 @@ def load_resume(args, model, optimizer, device) -> tuple[dict, Path]:
                                   f"unexpected {unexpected[:5]}" if unexpected else "",
                                   f"shapes differ {shapes[:5]}" if shapes else "") if part))
 
-    state, used = atomic_io.load_checkpoint(args.resume, map_location=device,
-                                            fallback=bool(getattr(args, "resume_fallback", False)),
-                                            validate=validate, warn=log)
+    if loaded is not None:
+        state, used = loaded
+        validate(state, used)
+    else:
+        state, used = atomic_io.load_checkpoint(args.resume, map_location=device,
+                                                fallback=bool(getattr(args, "resume_fallback", False)),
+                                                validate=validate, warn=log)
     model.load_state_dict(state["model"])
     try:
         optimizer.load_state_dict(state["optimizer"])
