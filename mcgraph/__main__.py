@@ -1,4 +1,4 @@
-"""``python -m mcgraph {bench,train} ...`` (also the ``mcgraph`` console script).
+"""``python -m mcgraph {train,bench,env} ...`` (also the ``mcgraph`` console script).
 
 ``mcgraph bench`` runs the benchmark harness, which is development code: it lives in the ``bench``
 package of a source checkout, not in the installed wheel. From a checkout (an editable install, or
@@ -14,6 +14,7 @@ from pathlib import Path
 COMMANDS = {
     "train": ("mcgraph.apps.train", "train a Bayesian network on a packaged dataset (ELBO, or --optimizer)"),
     "bench": ("bench.harness.cli", "memory and time vs M: mcgraph against direct MC and gradient accumulation"),
+    "env": ("mcgraph.apps.env", "versions, devices, compiled libraries and backends in effect (for a bug report)"),
 }
 
 
