@@ -7,6 +7,7 @@ graph does not grow with the number of samples.
 from . import distributions, metrics, models
 from .engine.plan import cache as plan_cache
 from .engine.api import expectation, explain, kl_divergence, set_validate_args
+from .engine.budget import chunk_budget, set_chunk_budget
 from .engine.graph_size import GraphSize, graph_size
 from .engine.plan.families import FAMILIES, GenericForm, SamplingForm, family_of, register_family
 from .engine.plan.ops import register_integrand
@@ -32,7 +33,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "FAMILIES", "GenericForm", "GraphSize", "MCEstimate", "Method", "Sampling", "Plan", "SamplingForm", "TermPlan", "Tier",
-    "classify", "distributions", "expectation", "explain", "family_of", "graph_size", "kl_divergence",
+    "chunk_budget", "classify", "distributions", "expectation", "explain", "family_of", "graph_size", "kl_divergence",
     "interop", "metrics", "models", "nn", "optim", "plan_cache", "register_family", "register_integrand",
-    "required_samples", "set_validate_args", "trace",
+    "required_samples", "set_chunk_budget", "set_validate_args", "trace",
 ]

@@ -33,7 +33,7 @@ FLOORS = {
 
 #: The engine's own floors, from the ground up: a module imports only from its floor and those below.
 ENGINE_FLOORS = [
-    {"checks", "shapes", "options", "methods", "native", "closed_form", "graph_size"},
+    {"checks", "shapes", "options", "methods", "native", "closed_form", "graph_size", "budget"},
     {"noise"},
     {"plan"},
     {"distributed"},

@@ -70,7 +70,7 @@ def test_default_targets_are_every_linear_and_conv1d_and_the_output_at_init_is_t
     assert torch.equal(lora(ids).logits, base)  # B = 0: every weight sample of ΔW is 0, float64 bitwise
     one_at_a_time = mg.nn.forward_samples(NextToken(lora), ids, 5, seed=0, chunk_size=1)
     assert torch.equal(one_at_a_time, base[:, -1].expand(5, -1, -1))
-    together = mg.nn.forward_samples(NextToken(lora), ids, 5, seed=0)  # the batch repeated 5 times
+    together = mg.nn.forward_samples(NextToken(lora), ids, 5, seed=0, chunk_size=5)  # the batch repeated 5 times
     assert torch.equal(together, gpt(ids.repeat(5, 1)).logits[:, -1].reshape(5, 3, -1))
     with mg.nn.frozen(lora):
         assert torch.equal(lora(ids).logits, base)

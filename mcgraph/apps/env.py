@@ -218,9 +218,23 @@ def backend_rows(options: Options) -> list[Row]:
 
 RowFunction = Callable[[Options], Iterable[Row]]
 
-#: The engine's settings in effect now, one row function each: the noise backend. The default chunk budget
-#: ``mg.nn.elbo`` would use now is one more function here.
-ENGINE_ROWS: tuple[RowFunction, ...] = (backend_rows,)
+def chunk_budget_rows(options: Options) -> list[Row]:
+    """The memory budget a chunk of ``mg.nn.elbo`` / ``predict`` would get now on each device, and why."""
+    import torch
+    from mcgraph.engine import budget
+
+    rows = [(budget.ENV_VAR, os.environ.get(budget.ENV_VAR) or "unset (the device's)")]
+    devices = [torch.device("cpu")]
+    if torch.backends.cuda.is_built() and torch.cuda.is_available():
+        devices += [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+    for device in devices:
+        got = budget.budget_bytes(device)
+        rows.append((f"chunk budget, {device}", f"{budget.format_bytes(got.bytes)} ({got.why})"))
+    return rows
+
+
+#: The engine's settings in effect now, one row function each: the noise backend, the chunk budget.
+ENGINE_ROWS: tuple[RowFunction, ...] = (backend_rows, chunk_budget_rows)
 
 #: The report: (section title, row functions), printed in this order.
 SECTIONS: tuple[tuple[str, tuple[RowFunction, ...]], ...] = (

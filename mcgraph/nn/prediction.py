@@ -18,7 +18,8 @@ from torch import nn
 from ..engine import checks
 from ..engine.distributed import sharded
 from ..engine.options import resolve_sampling
-from .context import SampleRun, bayesian_modules, capture, chunks, sample_run, window
+from .chunking import device_of, sized_chunks
+from .context import SampleRun, bayesian_modules, capture, sample_run, window
 from .layers import SampleMode
 from .likelihood import is_per_token
 from .model_checks import batch_size, check_batch, describe_batch, input_hint, require_bayesian, split_batch
@@ -105,7 +106,8 @@ def forward_samples(model: nn.Module, x: torch.Tensor, num_samples: int, *, seed
         x: the input batch ``(B, …)``, or a mapping of keyword inputs (``labels`` is dropped).
         num_samples: M ≥ 1.
         seed: noise seed (``None``: drawn from the global generator).
-        chunk_size: samples per forward (default: all M).
+        chunk_size: samples per forward (default: from the device's memory budget,
+            :mod:`mcgraph.engine.budget`).
         vectorize: run a chunk's samples in one forward (default: :func:`can_vectorize`).
 
     Example:
@@ -120,11 +122,12 @@ def forward_samples(model: nn.Module, x: torch.Tensor, num_samples: int, *, seed
     x, _ = split_batch(x, None, "mg.nn.forward_samples")
     check_batch(x, None, "mg.nn.forward_samples")
     num_samples = checks.positive_int("num_samples", num_samples)
-    chunk = checks.positive_int("chunk_size", chunk_size, allow_none=True) or num_samples
+    chunk = checks.positive_int("chunk_size", chunk_size, allow_none=True)
     seed = checks.seed("seed", seed)
     vectorize = can_vectorize(model) if vectorize is None else bool(vectorize)
     run = sample_run(model, num_samples, seed)
-    return torch.cat([run_window(model, x, run, a, b, vectorize) for a, b in chunks(num_samples, chunk)])
+    return torch.cat(list(sized_chunks("mg.nn.forward_samples", lambda a, b: run_window(model, x, run, a, b, vectorize),
+                                       num_samples, chunk, device_of(model, x))))
 
 
 class Prediction(NamedTuple):
@@ -221,14 +224,14 @@ def predict(model: nn.Module, x, num_samples: int, chunk_size: int | None = None
     returns ``(B, T, V)`` logits or a ``ModelOutput`` with ``.logits``. The result is the
     predictive of each sequence's **next token**, ``(B, V)``, read at its last position whose
     ``attention_mask`` is 1 (right or left padding). A model whose ``forward`` takes
-    ``logits_to_keep`` (transformers' causal LMs) computes only the positions needed. One
-    sample per chunk by default, so M = 256 needs the memory of one forward.
+    ``logits_to_keep`` (transformers' causal LMs) computes only the positions needed.
 
     Args:
         model: a classifier returning ``(B, K)`` logits (or a causal LM, see above).
         x: the input batch: a tensor, or a mapping of the model's keyword inputs.
         num_samples: M ≥ 1.
-        chunk_size: samples per forward (default ``min(M, 64)``; 1 for a causal LM).
+        chunk_size: samples per forward (default: from the device's memory budget,
+            :mod:`mcgraph.engine.budget`: the first sample's bytes size the chunks of the rest).
         seed: noise seed (``None``: drawn from the global generator).
         return_samples: also return the ``(M, B, K)`` per-sample probabilities
             (memory O(M·B·K)).
@@ -270,8 +273,7 @@ def predict(model: nn.Module, x, num_samples: int, chunk_size: int | None = None
 
 def _predict(model, x, num_samples, chunk_size, seed, return_samples, trunk_once, vectorize, shard, next_token):
     num_samples = checks.positive_int("num_samples", num_samples)
-    chunk = checks.positive_int("chunk_size", chunk_size, allow_none=True) or (
-        1 if next_token is not None else min(num_samples, 64))
+    chunk = checks.positive_int("chunk_size", chunk_size, allow_none=True)
     vectorize = can_vectorize(model) if vectorize is None else bool(vectorize)
     extra = next_token.keep(model, x) if next_token is not None else {}
     run = sample_run(model, num_samples, seed)
@@ -287,8 +289,10 @@ def _predict(model, x, num_samples, chunk_size, seed, return_samples, trunk_once
 
     total, parts = None, []
     lo, hi = (0, num_samples) if shard is None else shard.window(num_samples)
-    for a, b in chunks(hi - lo, chunk):
-        p = probabilities(_sample_logits(model, x, run, lo + a, lo + b, head, features, vectorize, extra))
+    for p in sized_chunks("mg.nn.predict",
+                          lambda a, b: probabilities(_sample_logits(model, x, run, a, b, head, features, vectorize,
+                                                                    extra)),
+                          hi - lo, chunk, device_of(model, x), offset=lo):
         total = p.sum(0) if total is None else total + p.sum(0)
         if return_samples:
             parts.append(p)

@@ -23,6 +23,7 @@ nothing to accumulate, the default is that one-sample graph, as in a plain torch
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
@@ -31,12 +32,13 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from ..engine import checks
+from ..engine import budget, checks
 from ..engine.estimators.chunked import accumulation_dtype, graph_leaves
 from ..engine.distributed import sharded
 from ..engine.noise.streams import mix_seed, resolve_seed
 from ..engine.options import Sampling, resolve_sampling
 from ..engine.stderr import MCEstimate, SampleMoments, refuse_with_process_group
+from .chunking import device_of
 from .context import bayesian_modules, chunks, sample_run
 from .network_kl import checked_model_kl
 from .layers import SampleMode
@@ -57,11 +59,12 @@ class _NetworkSpec:
 
     fn: Callable[[int, int], torch.Tensor]  # fn(start, stop) -> the chunk's per-sample values (S,)
     num_samples: int
-    chunk_size: int
+    chunk_size: int | None  # None: one sample first, the rest sized from its bytes (mcgraph.engine.budget)
     want: tuple  # which inputs need a gradient
     moments: object = None  # a mcgraph.engine.stderr.SampleMoments fed with the per-sample values (return_stderr)
     shard: object = None  # a SampleShard: this process's samples only, sums all-reduced
     caller: str = "mg.nn.elbo"  # named in the error for a tensor the Function cannot differentiate
+    device: torch.device = torch.device("cpu")  # whose memory budget sizes the chunks
 
 
 class WholeNetworkMC(torch.autograd.Function):
@@ -105,26 +108,32 @@ class WholeNetworkMC(torch.autograd.Function):
         total = per_sample = None
         acc: list = [None] * len(targets)
         start, stop = (0, spec.num_samples) if spec.shard is None else spec.shard.window(spec.num_samples)
-        for a, b in chunks(stop - start, spec.chunk_size):
+        n, a, chunk = stop - start, 0, spec.chunk_size
+        if chunk is not None:
+            budget.given(spec.caller, chunk, n)
+        while a < n:
+            b = min(n, a + (chunk or 1))
             start_, stop_ = start + a, start + b
-            if targets:
-                with torch.enable_grad():
+            with torch.enable_grad() if targets or chunk is None else contextlib.nullcontext():
+                if chunk is None:  # the first sample, measured: the most its tensors hold at once sizes the rest
+                    per_sample, kept = budget.peak_bytes(lambda: spec.fn(start_, stop_))
+                    chunk = budget.from_bytes(spec.caller, max(kept // (b - a), 1), n, spec.device, probe=b - a).samples
+                else:
                     per_sample = spec.fn(start_, stop_)
-                    value = per_sample.sum()
+                value = per_sample.sum()
+                if targets:
                     if a == 0 and value.requires_grad:
                         _refuse_stray_leaves(value, targets, spec.caller)
                     grads = (torch.autograd.grad(value, targets, allow_unused=True) if value.requires_grad
                              else [None] * len(targets))
-                for k, g in enumerate(grads):
-                    if g is not None:
-                        acc[k] = g if acc[k] is None else acc[k] + g
-            else:
-                per_sample = spec.fn(start_, stop_)
-                value = per_sample.sum()
+                    for k, g in enumerate(grads):
+                        if g is not None:
+                            acc[k] = g if acc[k] is None else acc[k] + g
             if spec.moments is not None:
                 spec.moments.add(per_sample.detach())
             value = value.detach().to(accumulation_dtype(value.dtype))  # float32 sums under autocast
             total = value if total is None else total + value
+            a = b
         if flat:
             return [total, *acc]
         return total.to(per_sample.dtype), acc, per_sample.dtype
@@ -179,9 +188,11 @@ CHUNK_ELEMENTS = 1 << 22
 
 
 def default_chunk(model: nn.Module, num_samples: int) -> int:
-    """Samples per chunk: as many as keep the chunk's weight samples under ``CHUNK_ELEMENTS``.
+    """Samples per chunk by weight samples alone: as many as keep them under ``CHUNK_ELEMENTS``.
 
-    Only layers that sample weights count (local reparameterization samples activations).
+    Only layers that sample weights count (local reparameterization samples activations). The
+    reference ``method="direct"`` evaluates its graph in such chunks; the chunked data term sizes its
+    chunks from the memory budget instead (:mod:`mcgraph.engine.budget`), which counts activations too.
     """
     numel = sum(m.weight_mu.numel() for m in bayesian_modules(model)
                 if m.mode == SampleMode.SAMPLE and not m.local_reparameterization)
@@ -197,7 +208,7 @@ def expected_data_term(model: nn.Module, x, y: torch.Tensor | None = None, *, nu
     ``"chunked"`` (the default for M ≥ 2: :class:`WholeNetworkMC`, memory of one chunk) or ``"direct"``
     (every sample in one autograd graph, the naive reference; the default for M = 1, where the one
     sample's graph is what a plain torch step holds and there is nothing to accumulate),
-    ``chunk_size`` (default :func:`default_chunk`), ``vectorize`` (default: unless a BatchNorm uses batch
+    ``chunk_size`` (default: from the memory budget, :mod:`mcgraph.engine.budget`), ``vectorize`` (default: unless a BatchNorm uses batch
     statistics), ``process_group`` (the ranks, holding the same batch, split the M samples; one
     all-reduce of the value and the parameters' gradients).
     ``return_stderr=True`` returns an :class:`~mcgraph.engine.stderr.MCEstimate`: the standard error
@@ -247,9 +258,7 @@ def _expected_data_term(model, x, y, num_samples, likelihood, noise_std, seed, c
                          f"to estimate), got {num_samples}")
     moments = SampleMoments() if return_stderr else None
     per_token = is_per_token(likelihood)
-    # a sequence model's activations and (B, T, V) logits dwarf its weight samples: one sample per chunk
-    chunk = checks.positive_int("chunk_size", chunk_size, allow_none=True) or (
-        1 if per_token else default_chunk(model, num_samples))
+    chunk = checks.positive_int("chunk_size", chunk_size, allow_none=True)
     if method is None:  # one sample has nothing to accumulate: its graph is a plain torch step's
         method = "direct" if num_samples == 1 and shard is None else "chunked"
     if method not in ("chunked", "direct"):
@@ -288,9 +297,9 @@ def _expected_data_term(model, x, y, num_samples, likelihood, noise_std, seed, c
             return value
         return MCEstimate(value, moments.stderr().to(value.dtype), num_samples)
 
-    if method == "direct":
+    if method == "direct":  # (the reference: every sample in one graph, evaluated a weight-sized chunk at a time)
         total = 0
-        for a, b in chunks(num_samples, chunk):
+        for a, b in chunks(num_samples, chunk or (1 if per_token else default_chunk(model, num_samples))):
             per_sample = chunk_value(a, b)
             if moments is not None:
                 moments.add(per_sample.detach())
@@ -305,7 +314,8 @@ def _expected_data_term(model, x, y, num_samples, likelihood, noise_std, seed, c
         inputs.append(y)
     inputs = list({id(t): t for t in inputs}.values())  # a tensor once (a likelihood module inside the model)
     want = tuple(torch.is_grad_enabled() and t.requires_grad for t in inputs)
-    spec = _NetworkSpec(chunk_value, num_samples, chunk, want, moments, shard, "mg.nn.elbo / expected_data_term")
+    spec = _NetworkSpec(chunk_value, num_samples, chunk, want, moments, shard, "mg.nn.elbo / expected_data_term",
+                        device_of(model, x))
     return result(WholeNetworkMC.apply(spec, *inputs))
 
 
@@ -394,8 +404,9 @@ def elbo(model: nn.Module, x, y: torch.Tensor | None = None, *, num_samples: int
         num_samples: M ≥ 1 whole-network samples of the data term, or a :class:`~mcgraph.Sampling`
             with M and how to draw them: ``method`` ``"chunked"`` (default for M ≥ 2, bounded memory)
             or ``"direct"`` (every sample in one graph; the default for M = 1, a plain torch step's
-            graph); ``chunk_size`` (default :func:`default_chunk`,
-            about 16 MiB of weight samples per chunk); ``vectorize`` (a chunk's samples in one forward;
+            graph); ``chunk_size`` (default: from the device's memory budget,
+            :mod:`mcgraph.engine.budget`: the first sample's saved bytes, weight samples and activations,
+            size the chunks of the rest); ``vectorize`` (a chunk's samples in one forward;
             default unless a BatchNorm uses batch statistics, see :func:`~mcgraph.nn.can_vectorize`);
             ``process_group`` (ranks holding the same batch split the M samples of both terms, see
             :mod:`mcgraph.engine.distributed`; every rank gets the full value and gradients; needs an
@@ -423,7 +434,7 @@ def elbo(model: nn.Module, x, y: torch.Tensor | None = None, *, num_samples: int
     input_ids``); labels −100 and positions whose ``attention_mask`` is 0 count for nothing. The data
     term is the mean over the B sequences of each sequence's summed token log-likelihood, so with
     the posterior means (M = 1) it is ``−outputs.loss · n_tokens / B``, and ``dataset_size`` counts
-    sequences. A chunk is one sample unless ``chunk_size`` says otherwise.
+    sequences.
 
     Raises:
         ValueError: a model without Bayesian layers (``mg.nn.bayesify`` it first); ``x`` / ``y``

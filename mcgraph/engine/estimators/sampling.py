@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from ..budget import CPU_BUDGET, budget_bytes
 from ..noise import backends as backend
 from ..plan.families import GenericForm, SamplingForm
 from ..noise.streams import BlockStream, rows_per_block
@@ -31,16 +32,19 @@ def stream_for(form, seed: int, num_samples: int) -> BlockStream:
     return BlockStream(form.draw, num_samples, block, seed, form.device)
 
 
-#: Elements per chunk for tiers that build per-chunk autograd graphs (fused, chunked):
-#: small enough for the chunk's temporaries to stay near cache, large enough to amortise overhead.
+#: Sample elements per chunk for tiers that build per-chunk autograd graphs (fused, chunked) at the CPU
+#: budget (:data:`mcgraph.engine.budget.CPU_BUDGET`): small enough for the chunk's temporaries to stay near
+#: cache, large enough to amortise overhead. Other budgets scale it (a GPU's: 32× on a large device).
 GRAPH_CHUNK_ELEMENTS = 1 << 20
 
 
 def default_chunk(form, num_samples: int, tier: str = "collapsed") -> int:
-    """Default samples per chunk: one noise block for statistics, ~1 Mi elements for graph-building tiers."""
+    """Default samples per chunk: one noise block for statistics; for graph-building tiers, the sample
+    elements the memory budget of the form's device allows (:mod:`mcgraph.engine.budget`; ~1 Mi on a CPU)."""
     if tier == "collapsed":
         return rows_per_block(sample_numel(form), num_samples)
-    return max(1, min(num_samples, GRAPH_CHUNK_ELEMENTS // sample_numel(form)))
+    elements = GRAPH_CHUNK_ELEMENTS * budget_bytes(form.device).bytes // CPU_BUDGET
+    return max(1, min(num_samples, elements // sample_numel(form)))
 
 
 def samples(form, rows: torch.Tensor) -> torch.Tensor:
