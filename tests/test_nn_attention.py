@@ -296,3 +296,62 @@ def test_bayesian_lstm_learns_digits_read_by_rows():
     probs = mg.nn.predict(bnn.eval(), xt, num_samples=8, seed=0)
     accuracy = (probs.argmax(1) == yt).float().mean().item()
     assert accuracy >= 0.90, (accuracy, time.perf_counter() - start)
+
+
+# --------------------------------------------------------------------------- samples batched in one computation
+
+
+def _window_outputs(attn, q, k, v, batched, S=3, **kw):
+    """The window's outputs and the gradients of their sum, with the samples batched or one call each."""
+    attn.batch_samples = batched
+    attn.zero_grad()
+    run = sample_run(attn, S, seed=4)
+    from mcgraph.nn.context import window
+
+    with window(run, 0, S):
+        out, weights = attn(q.repeat(S, 1, 1), k.repeat(S, 1, 1), v.repeat(S, 1, 1), **kw)
+    out.pow(2).sum().backward()
+    return out.detach(), weights, [p.grad.clone() for p in attn.parameters() if p.grad is not None]
+
+
+@pytest.mark.parametrize("case", ["self", "self-padding", "self-3d-mask", "cross-kdim", "mean-mode"])
+def test_batched_samples_equal_one_call_per_sample(case):
+    """The batched path (per-sample projections as batched products, one attention over every row)
+    computes what one ``F.multi_head_attention_forward`` per sample computes, gradients included."""
+    torch.manual_seed(0)
+    kdim = 6 if case == "cross-kdim" else None
+    attn = BayesMultiheadAttention(8, 2, batch_first=True, kdim=kdim, vdim=kdim, dtype=torch.float64)
+    if case == "mean-mode":
+        mg.nn.set_mode(attn, "mean")
+    q = torch.randn(2, 5, 8, dtype=torch.float64)
+    k = q if kdim is None else torch.randn(2, 7, kdim, dtype=torch.float64)
+    v = k
+    kw = {"need_weights": False}
+    if case == "self-padding":
+        pad = torch.tensor([[False] * 3 + [True] * 2, [False] * 5])
+        kw["key_padding_mask"] = pad.repeat(3, 1)
+    if case == "self-3d-mask":
+        kw["attn_mask"] = torch.randn(3 * 2 * 2, 5, 5, dtype=torch.float64)
+    loop = _window_outputs(attn, q, k, v, False, **kw)
+    batched = _window_outputs(attn, q, k, v, True, **kw)
+    torch.testing.assert_close(batched[0], loop[0], rtol=1e-12, atol=1e-12)
+    for a, b in zip(batched[2], loop[2]):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_calls_the_batched_path_does_not_cover_run_one_call_per_sample():
+    """Attention weights, ``bias_k``/``bias_v`` and attention dropout in training run per sample (then the
+    numbers are the per-sample path's whatever ``batch_samples`` says)."""
+    torch.manual_seed(0)
+    attn = BayesMultiheadAttention(8, 2, batch_first=True, add_bias_kv=True)
+    q = torch.randn(2, 5, 8)
+    assert not attn._batches_samples(q, False, None, False)
+    plain = BayesMultiheadAttention(8, 2, batch_first=True)
+    plain.batch_samples = True
+    assert plain._batches_samples(q, False, None, False)
+    assert not plain._batches_samples(q, True, None, False)  # need_weights
+    assert not plain._batches_samples(q, False, None, True)  # is_causal without a mask: torch's error, per sample
+    plain.batch_samples = None  # the default: batched on CUDA only
+    assert plain._batches_samples(q, False, None, False) == (q.device.type in BayesMultiheadAttention.BATCHED_DEVICES)
+    out, weights = _window_outputs(attn, q, q, q, True)[:2]
+    assert weights is not None and out.shape == (6, 5, 8)

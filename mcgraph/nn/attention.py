@@ -175,6 +175,8 @@ class BayesMultiheadAttention(nn.Module):
         if S == 1 or not (sampled or (self.training and self.dropout > 0)):
             out, weights = self._attend(query, key, value, sites, out_site, 0, key_padding_mask, attn_mask,
                                         need_weights, average_attn_weights, is_causal)
+        elif self._batches_samples(query, need_weights, attn_mask, is_causal):
+            out, weights = self._attend_batched(query, key, value, sites, out_site, S, key_padding_mask, attn_mask)
         else:
             if not is_batched:
                 raise ValueError(f"query: inside a window of {S} samples the input must be batched (the batch "
@@ -204,6 +206,59 @@ class BayesMultiheadAttention(nn.Module):
         if self.batch_first and is_batched:
             return out.transpose(1, 0), weights
         return out, weights
+
+    #: Whether a window's samples run as one batched computation (``True``), one attention call per sample
+    #: (``False``), or as :data:`BATCHED_DEVICES` says for the input's device (``None``, the default).
+    batch_samples: bool | None = None
+    #: Device types on which ``batch_samples=None`` batches: on a GPU one launch for S samples beats S
+    #: launches; on a CPU S calls of torch's fused attention were measured faster than the batched products
+    #: (``bench/predict_overhead.py``).
+    BATCHED_DEVICES = ("cuda",)
+
+    def _batches_samples(self, query, need_weights, attn_mask, is_causal) -> bool:
+        """Whether the batched path serves this call: it covers what a transformer layer asks for (no
+        attention weights, no ``bias_k``/``bias_v``, no zero attention, no attention dropout in training)."""
+        wanted = self.batch_samples if self.batch_samples is not None else query.device.type in self.BATCHED_DEVICES
+        return (wanted and not need_weights and self.bias_k is None and not self.add_zero_attn
+                and not (self.training and self.dropout > 0) and not (is_causal and attn_mask is None))
+
+    @staticmethod
+    def _per_sample_linear(x: torch.Tensor, weights, S: int, rows: int) -> torch.Tensor:
+        """``x`` ``(L, S·rows, in)``: sample ``s``'s rows times its own weight ``(out, in)`` (one batched product)."""
+        w, b = weights
+        if w.dim() == 2:  # the mean ("mean" mode): one weight for every sample
+            return F.linear(x, w, b)
+        L = x.shape[0]
+        xs = x.reshape(L, S, rows, x.shape[-1]).transpose(0, 1).reshape(S, L * rows, x.shape[-1])
+        y = torch.bmm(xs, w.transpose(1, 2)) if b is None else torch.baddbmm(b.unsqueeze(1), xs, w.transpose(1, 2))
+        return y.reshape(S, L, rows, y.shape[-1]).transpose(0, 1).reshape(L, S * rows, y.shape[-1])
+
+    def _attend_batched(self, query, key, value, sites, out_site, S, key_padding_mask, attn_mask):
+        """The window's ``S`` samples at once: per-sample projections as batched products, then one scaled
+        dot-product attention over every row (attention itself has no weights), as
+        ``F.multi_head_attention_forward`` computes it for each sample (``need_weights=False``)."""
+        L, N, E = query.shape
+        Lk, rows, H, D = key.shape[0], N // S, self.num_heads, self.head_dim
+        if self.qkv_same_embed_dim and query is key and key is value:  # self-attention: one packed product
+            q, k, v = self._per_sample_linear(query, (sites[0].weight, sites[0].bias), S, rows).chunk(3, dim=-1)
+        else:
+            if self.qkv_same_embed_dim:
+                w, b = sites[0].weight, sites[0].bias
+                parts = [(w[..., i * E:(i + 1) * E, :], None if b is None else b[..., i * E:(i + 1) * E])
+                         for i in range(3)]
+            else:
+                parts = [(site.weight, site.bias) for site in sites]
+            q, k, v = (self._per_sample_linear(x, part, S, rows) for x, part in zip((query, key, value), parts))
+        mask = None
+        if attn_mask is not None:
+            mask = attn_mask.view(N, H, L, Lk) if attn_mask.dim() == 3 else attn_mask.view(1, 1, L, Lk)
+        if key_padding_mask is not None:
+            pad = key_padding_mask.view(N, 1, 1, Lk)
+            mask = pad if mask is None else mask + pad
+        q, k, v = (t.reshape(t.shape[0], N * H, D).transpose(0, 1).reshape(N, H, t.shape[0], D) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (N, H, L, D)
+        out = out.permute(2, 0, 1, 3).reshape(L, N, E)
+        return self._per_sample_linear(out, (out_site.weight, out_site.bias), S, rows), None
 
     def _attend(self, query, key, value, sites, out_site, s, key_padding_mask, attn_mask, need_weights,
                 average_attn_weights, is_causal):

@@ -276,7 +276,7 @@ class FusedRNNBase(nn.Module):
         outs, hiddens = [], []
         for s in range(S):
             xs = x.narrow(bd, s * rows, rows)
-            hs = self._map_hidden(hx, lambda t: t.narrow(1, s * rows, rows))
+            hs = self._map_hidden(hx, lambda t: t.narrow(1, s * rows, rows))  # (made contiguous in _call)
             o, h = self._run(xs, None, hs, flat(s), s, None)
             outs.append(o)
             hiddens.append(h)
@@ -311,6 +311,7 @@ class FusedRNNBase(nn.Module):
 
     def _call(self, x, batch_sizes, hx, weights, num_layers, dropout, train):
         _, kernel = RECURRENT_KERNELS[self.mode]
+        hx = self._map_hidden(hx, lambda t: t.contiguous())  # cuDNN refuses a strided state (a no-op when it is not)
         if batch_sizes is None:
             result = kernel(x, hx, weights, self.bias, num_layers, dropout, train, self.bidirectional,
                             self.batch_first)
