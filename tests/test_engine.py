@@ -364,8 +364,8 @@ def test_register_integrand_declares_an_elementwise_op():
         b = mg.expectation(torch.special.bessel_j0, q, 16, seed=0, method="direct")
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     finally:
-        from mcgraph.engine.plan.ops import ELEMENTWISE_OPS
-        ELEMENTWISE_OPS.discard("special_bessel_j0")
+        from mcgraph.engine.plan.ops import OPS
+        OPS.pop("special_bessel_j0")
 
 
 def _poly_of(fn, q):
@@ -497,3 +497,40 @@ def test_a_traced_polynomial_does_not_overflow_where_its_factored_form_does_not(
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
     plan = mg.explain(fn, torch.distributions.LogNormal(torch.full((4,), 30.0), torch.full((4,), 0.01)))
     assert [str(t) for t in plan.tiers] == ["fused"]
+
+
+def test_tracing_patches_no_torch_class_while_another_thread_validates():
+    """A distribution built inside the integrand validates the traced sample's real value without
+    ``Distribution._validate_sample`` being replaced: another thread validating meanwhile sees torch's."""
+    import threading
+
+    from mcgraph.engine.plan import cache as plan_cache
+
+    original = D.Distribution.__dict__["_validate_sample"]
+    seen, refused, stop = [], [], threading.Event()
+
+    def validate_elsewhere():
+        half = D.HalfNormal(1.0, validate_args=True)
+        while not stop.is_set():
+            seen.append(D.Distribution.__dict__["_validate_sample"] is original)
+            try:
+                half.log_prob(torch.tensor(-1.0))
+            except ValueError:
+                refused.append(True)
+
+    q = D.Normal(torch.zeros(3, dtype=F64), torch.ones(3, dtype=F64))
+    other = threading.Thread(target=validate_elsewhere)
+    other.start()
+    try:
+        for i in range(20):
+            def fn(w, i=i):
+                seen.append(D.Distribution.__dict__["_validate_sample"] is original)
+                return D.Normal(float(i), 1.0, validate_args=True).log_prob(w)
+
+            with plan_cache.disabled():
+                assert mg.explain(fn, q).tiers == (Tier.COLLAPSED,)
+    finally:
+        stop.set()
+        other.join()
+    assert seen and all(seen)
+    assert refused  # the other thread's validation ran, and refused the value outside the support

@@ -88,7 +88,7 @@ def test_pairs_of_types_rank_by_the_sum_of_mro_distances():
 
 
 @pytest.mark.parametrize("registry", [
-    "mcgraph.engine.plan.families.FAMILIES", "mcgraph.engine.plan.ops.RULES", "mcgraph.engine.estimators.derivatives.DERIVATIVES",
+    "mcgraph.engine.plan.families.FAMILIES", "mcgraph.engine.plan.ops.OPS", "mcgraph.engine.estimators.derivatives.DERIVATIVES",
     "mcgraph.nn.priors.PRIORS", "mcgraph.nn.priors.POSTERIORS", "mcgraph.nn.layer_kl.LAYER_KL",
     "mcgraph.nn.scales.SCALE_TRANSFORMS", "mcgraph.models.zoo.MODELS", "mcgraph.interop.sites.ADAPTERS",
     "mcgraph.apps.data.DATASETS", "bench.harness.workloads.KL_PAIRS", "mcgraph.optim.per_example.RULES",

@@ -79,10 +79,10 @@ def _example(form, seed: int) -> torch.Tensor:
 def _plan(fn: Callable, form, seed: int, method: str, taylor_order: int | None) -> Plan:
     """The classified trace of ``fn``: from the plan cache where that is safe, else traced on a sample."""
     traced, cache, reason = cached_trace(fn, form, lambda: _example(form, seed))
-    if cache in ("hit", "stored") and traced.constant is not None:  # the result itself: the caller's copy
-        traced = dataclasses.replace(traced, constant=traced.constant.clone())
-    plan = _classified(form, traced, method, taylor_order) if cache in ("hit", "stored") \
-        else classify(form, traced, method, taylor_order)
+    stored = cache in ("hit", "stored")
+    plan = _classified(form, traced, method, taylor_order) if stored else classify(form, traced, method, taylor_order)
+    if stored and traced.constant is not None:  # the result itself: the caller gets its own copy
+        plan = dataclasses.replace(plan, trace=dataclasses.replace(traced, constant=traced.constant.clone()))
     return dataclasses.replace(plan, cache=cache, cache_reason=reason)
 
 
@@ -97,7 +97,7 @@ def _classified(form, traced, method: str, taylor_order) -> Plan:
         return classify(form, traced, method, taylor_order)
     key = (type(form), id(form.noise), form.loc is None, tuple(form.shape), tuple(form.noise_shape),
            len(form.transforms), len(form.params), method, taylor_order)
-    memo = traced.__dict__.setdefault("_plans", {})
+    memo = traced.plans
     hit = memo.get(key)
     if hit is None or hit[0] is not form.noise:
         if len(memo) >= _PLANS_PER_TRACE:  # laws made per call (a Gamma's, a Student-t's) would grow it

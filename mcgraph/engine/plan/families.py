@@ -21,6 +21,7 @@ Adding a family is one rule plus one registration::
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -208,10 +209,10 @@ def family_of(dist) -> SamplingForm | GenericForm:
         form = GenericForm(dist, f"no sampling family registered for {type(dist).__name__}")
     if isinstance(form, GenericForm) and not dist.has_rsample:
         raise NotImplementedError(f"dist: {type(dist).__name__} cannot be reparameterised ({form.reason})")
-    name = type(dist).__name__
-    object.__setattr__(form, "name", form.name or name)
-    object.__setattr__(form, "shape", torch.Size(dist.batch_shape + dist.event_shape))
-    return form
+    shape = dist.batch_shape + dist.event_shape
+    if form.name and form.shape == shape:
+        return form
+    return dataclasses.replace(form, name=form.name or type(dist).__name__, shape=torch.Size(shape))
 
 
 def _dtype_of(dist: Distribution) -> torch.dtype:
@@ -276,7 +277,7 @@ def _needs_grad(t) -> bool:
 
 def _location_scale(noise: nz.NoiseLaw):
     def rule(d):
-        return SamplingForm(noise=noise, loc=d.loc, scale=d.scale, shape=d.batch_shape)
+        return SamplingForm(noise=noise, loc=d.loc, scale=d.scale, shape=d.batch_shape, name=type(d).__name__)
 
     _PLAIN_LOCATION_SCALE[rule] = noise
     return rule
@@ -298,7 +299,7 @@ def location_scale_form(family, loc: torch.Tensor, scale: torch.Tensor) -> Sampl
     noise = _PLAIN_LOCATION_SCALE.get(FAMILIES.get(family))
     if noise is None:
         return None
-    return SamplingForm(noise=noise, loc=loc, scale=scale, shape=loc.shape)
+    return SamplingForm(noise=noise, loc=loc, scale=scale, shape=loc.shape, name=family.__name__)
 
 
 register_family(Normal)(_location_scale(nz.STANDARD_NORMAL))
@@ -309,30 +310,33 @@ register_family(Logistic)(_location_scale(nz.STANDARD_LOGISTIC))
 
 @register_family(Gumbel)
 def _gumbel(d: Gumbel):
-    return SamplingForm(noise=nz.STANDARD_GUMBEL, loc=d.loc, scale=d.scale, shape=d.batch_shape)
+    return SamplingForm(noise=nz.STANDARD_GUMBEL, loc=d.loc, scale=d.scale, shape=d.batch_shape, name=type(d).__name__)
 
 
 @register_family(StudentT)
 def _student_t(d: StudentT):
     if _needs_grad(d.df):
         return GenericForm(d, "StudentT df requires grad: the noise law depends on it")
-    return SamplingForm(noise=nz.student_t_noise(d.df), loc=d.loc, scale=d.scale, shape=d.batch_shape)
+    return SamplingForm(noise=nz.student_t_noise(d.df), loc=d.loc, scale=d.scale, shape=d.batch_shape,
+                        name=type(d).__name__)
 
 
 @register_family(Uniform)
 def _uniform(d: Uniform):
-    return SamplingForm(noise=nz.STANDARD_UNIFORM, loc=d.low, scale=d.high - d.low, shape=d.batch_shape)
+    return SamplingForm(noise=nz.STANDARD_UNIFORM, loc=d.low, scale=d.high - d.low, shape=d.batch_shape,
+                        name=type(d).__name__)
 
 
 @register_family(Radial)
 def _radial(d: Radial):
     return SamplingForm(noise=nz.radial_noise_law(len(d.event_shape)), loc=d.loc, scale=d.scale,
-                        shape=d.batch_shape + d.event_shape)
+                        shape=d.batch_shape + d.event_shape, name=type(d).__name__)
 
 
 @register_family(Exponential)
 def _exponential(d: Exponential):
-    return SamplingForm(noise=nz.STANDARD_EXPONENTIAL, loc=None, scale=d.rate.reciprocal(), shape=d.batch_shape)
+    return SamplingForm(noise=nz.STANDARD_EXPONENTIAL, loc=None, scale=d.rate.reciprocal(), shape=d.batch_shape,
+                        name=type(d).__name__)
 
 
 @register_family(Gamma)
@@ -340,7 +344,7 @@ def _gamma(d: Gamma):
     if _needs_grad(d.concentration):
         return GenericForm(d, "Gamma concentration requires grad: the noise law depends on it")
     return SamplingForm(noise=nz.gamma_noise(d.concentration), loc=None, scale=d.rate.reciprocal(),
-                        shape=d.batch_shape)
+                        shape=d.batch_shape, name=type(d).__name__)
 
 
 @register_family(InverseGamma)
@@ -348,29 +352,33 @@ def _inverse_gamma(d: InverseGamma):
     conc, rate = d.base_dist.concentration, d.base_dist.rate
     if _needs_grad(conc):
         return GenericForm(d, "InverseGamma concentration requires grad: the noise law depends on it")
-    return SamplingForm(noise=nz.inverse_gamma_noise(conc), loc=None, scale=rate, shape=d.batch_shape)
+    return SamplingForm(noise=nz.inverse_gamma_noise(conc), loc=None, scale=rate, shape=d.batch_shape,
+                        name=type(d).__name__)
 
 
 @register_family(Weibull)
 def _weibull(d: Weibull):
     if _needs_grad(d.concentration):
         return GenericForm(d, "Weibull concentration requires grad: the noise law depends on it")
-    return SamplingForm(noise=nz.weibull_noise(d.concentration), loc=None, scale=d.scale, shape=d.batch_shape)
+    return SamplingForm(noise=nz.weibull_noise(d.concentration), loc=None, scale=d.scale, shape=d.batch_shape,
+                        name=type(d).__name__)
 
 
 @register_family(HalfNormal)
 def _half_normal(d: HalfNormal):
-    return SamplingForm(noise=nz.STANDARD_HALF_NORMAL, loc=None, scale=d.scale, shape=d.batch_shape)
+    return SamplingForm(noise=nz.STANDARD_HALF_NORMAL, loc=None, scale=d.scale, shape=d.batch_shape,
+                        name=type(d).__name__)
 
 
 @register_family(HalfCauchy)
 def _half_cauchy(d: HalfCauchy):
-    return SamplingForm(noise=nz.STANDARD_HALF_CAUCHY, loc=None, scale=d.scale, shape=d.batch_shape)
+    return SamplingForm(noise=nz.STANDARD_HALF_CAUCHY, loc=None, scale=d.scale, shape=d.batch_shape,
+                        name=type(d).__name__)
 
 
 @register_family(Rayleigh)
 def _rayleigh(d: Rayleigh):
-    return SamplingForm(noise=nz.STANDARD_RAYLEIGH, loc=None, scale=d.scale, shape=d.batch_shape)
+    return SamplingForm(noise=nz.STANDARD_RAYLEIGH, loc=None, scale=d.scale, shape=d.batch_shape, name=type(d).__name__)
 
 
 @register_family(Independent)
@@ -431,7 +439,7 @@ def _holds_grad(transform: Transform) -> bool:
 @register_family(LogNormal)
 def _log_normal(d: LogNormal):
     return SamplingForm(noise=nz.STANDARD_NORMAL, loc=d.loc, scale=d.scale, shape=d.batch_shape,
-                        transforms=(ExpTransform(),))
+                        transforms=(ExpTransform(),), name=type(d).__name__)
 
 
 def is_exp(t) -> bool:

@@ -22,9 +22,8 @@ names a torch function as elementwise (or gives it a symbolic rule).
 
 from __future__ import annotations
 
-import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -32,7 +31,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from .algebra import VAR, Elementwise, Expr, Piece, add_poly, mul_poly, positive_const, scalar_int, scale_poly, const_expr
 from .ir import Call, func_name
-from .ops import ELEMENTWISE_OPS, ESCAPES, IDENTITY_OPS, LINEAR_OPS, METADATA, RULES, is_in_place, normalise_name
+from .ops import ESCAPES, IDENTITY_OPS, LINEAR_OPS, METADATA, OPS, is_elementwise, is_in_place, normalise_name
 
 
 class OpaqueIntegrand(Exception):
@@ -90,8 +89,9 @@ def _expr_of(x) -> Expr | None:
 
 
 def _symbolic(name: str, func, args, kwargs, real: torch.Tensor) -> Expr:
-    if name in RULES:
-        out = RULES[name](func, args, kwargs)
+    rule = OPS.get(name)
+    if rule is not None:
+        out = rule(func, args, kwargs)
         if out is not None:
             return out
     if name in IDENTITY_OPS or (name in ("to", "float", "double", "type_as") and _same_dtype(args, real)):
@@ -126,7 +126,7 @@ def _symbolic(name: str, func, args, kwargs, real: torch.Tensor) -> Expr:
         return _exp(args[0], real)
     if name in LINEAR_OPS:
         return _linear(func, args, kwargs, real)
-    if name in ELEMENTWISE_OPS:
+    if is_elementwise(name):
         return _elementwise_call(func, args, kwargs)
     raise OpaqueIntegrand(f"`{name}` is neither elementwise nor linear")
 
@@ -332,6 +332,9 @@ class TraceResult:
     constant: torch.Tensor | None = None
     dtype: torch.dtype | None = None
     discrete: bool = False
+    #: Classifications of this trace, memoised per form signature by the functional API (the trace is frozen;
+    #: this dict is the one part that fills in, never reassigned).
+    plans: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def opaque(self) -> bool:
@@ -379,23 +382,6 @@ def _floating_pieces(expr: Expr, out: torch.Tensor, dtype: torch.dtype, example:
     return Expr(tuple(pieces))
 
 
-@contextlib.contextmanager
-def _validation_on_real_values():
-    """Distributions validate the real example value, not the traced one (no data-dependent branch)."""
-    from torch.distributions import Distribution
-
-    original = Distribution._validate_sample
-
-    def validate(self, value):
-        return original(self, _real(value))
-
-    Distribution._validate_sample = validate
-    try:
-        yield
-    finally:
-        Distribution._validate_sample = original
-
-
 def trace(fn: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor) -> TraceResult:
     """Trace ``fn`` on a real ``example`` sample; see the module docstring.
 
@@ -406,8 +392,7 @@ def trace(fn: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor) -> 
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     try:
-        with _validation_on_real_values():
-            out = _call(fn, Traced(example, VAR))
+        out = _call(fn, Traced(example, VAR))
     except OpaqueIntegrand as e:
         with torch.no_grad():
             real_out = _call(fn, example)
