@@ -321,3 +321,69 @@ def test_all_finite_finds_every_non_finite_value(dtype, bad, where):
     assert not all_finite([x.t()])  # a strided view
     big = torch.full((3,), torch.finfo(torch.float64).max, dtype=torch.float64)
     assert all_finite([big])  # large but finite: no false alarm from a sum's overflow
+
+
+# --------------------------------------------------------------------------- edges that refuse with advice
+
+
+@pytest.mark.parametrize("call", ["predict", "forward_samples", "expected_data_term"])
+def test_a_deterministic_model_is_refused_where_samples_would_all_be_equal(call):
+    plain = nn.Sequential(nn.Linear(4, 3))
+    x, y = _batch()
+    fn = {"predict": lambda m: mnn.predict(m, x, 4, seed=0),
+          "forward_samples": lambda m: mnn.forward_samples(m, x, 4, seed=0),
+          "expected_data_term": lambda m: mnn.expected_data_term(m, x, y, num_samples=4, seed=0)}[call]
+    with pytest.raises(ValueError, match=r"no Bayesian layer and draws no noise per sample.*bayesify.*mc_dropout"):
+        fn(plain)
+    fn(mnn.mc_dropout(nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.3), nn.Linear(8, 3))))  # MC dropout samples
+
+
+def test_float_labels_are_refused_where_they_enter_with_the_dtype_expected():
+    x, y = _batch()
+    with pytest.raises(TypeError, match=r"y must hold class indices, an integer tensor \(torch.long\).*float32"
+                                        r".*y\.long\(\)"):
+        mnn.elbo(_bnn(), x, y.float(), num_samples=4, dataset_size=100, seed=0)
+
+
+def test_a_class_index_out_of_range_names_y_and_the_classes():
+    x, y = _batch()
+    y = y.clone()
+    y[0] = 3  # the model has 3 classes
+    with pytest.raises(ValueError, match=r"y holds the class index 3, outside \[0, 3\) for the model's 3 classes"):
+        mnn.elbo(_bnn(), x, y, num_samples=4, dataset_size=100, seed=0)
+    y[0] = -100  # ignored, as torch's cross-entropy ignores it
+    mnn.elbo(_bnn(), x, y, num_samples=4, dataset_size=100, seed=0)
+
+
+def test_one_hot_labels_are_refused_with_class_indices_suggested():
+    x, y = _batch()
+    one_hot = nn.functional.one_hot(y, 3)
+    for labels in (one_hot, one_hot.float()):
+        with pytest.raises(ValueError, match=r"y has the shape of the model's output \(6, 3\).*pass y\.argmax\(1\)"):
+            mnn.elbo(_bnn(), x, labels, num_samples=4, dataset_size=100, seed=0)
+
+
+def test_a_layer_shape_error_reports_the_callers_batch_not_the_repeated_one():
+    torch.manual_seed(0)
+
+    class Reader(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn, self.head = nn.LSTM(8, 16, batch_first=True), nn.Linear(16, 3)
+
+        def forward(self, x):
+            return self.head(self.rnn(x)[0][:, -1])
+
+    net = mnn.bayesify(Reader())
+    x, y = torch.randn(32, 5, 64), torch.randint(0, 3, (32,))  # 64 features where the LSTM reads 8
+    with pytest.raises(ValueError, match=r"input_size=8, got shape \(32, 5, 64\)"):
+        mnn.elbo(net, x, y, num_samples=mg.Sampling(4, chunk_size=4), dataset_size=100, seed=0)
+
+
+def test_priors_take_the_posteriors_aliases():
+    torch.manual_seed(0)
+    a = mnn.BayesLinear(4, 3, posterior="gaussian", prior="gaussian")
+    b = mnn.BayesLinear(4, 3, posterior="normal", prior="normal")
+    b.load_state_dict(a.state_dict())
+    torch.testing.assert_close(mnn.kl(a), mnn.kl(b))
+    assert set(mnn.POSTERIORS) & {"normal", "gaussian", "laplace"} <= set(mnn.PRIORS)

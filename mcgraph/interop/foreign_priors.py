@@ -27,7 +27,7 @@ from torch import nn
 from torch.distributions import Distribution, Normal, constraints
 
 from ..distributions import ScaleMixtureNormal
-from ..nn.priors import unchecked_construction
+from ..nn.priors import unchecked
 
 __all__ = ["FlooredDensity", "MixturePrior", "NormalPrior", "BufferNormalPrior", "mixture"]
 
@@ -100,8 +100,7 @@ class NormalPrior:
                              f"loc={self.loc!r}, scale={self.scale!r}")
 
     def __call__(self, like: torch.Tensor) -> Distribution:
-        with unchecked_construction():  # the parameters were checked once, above
-            return Normal(*self._tensors(like))
+        return unchecked(Normal, *self._tensors(like))  # the parameters were checked once, above
 
     def _tensors(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return (torch.as_tensor(self.loc, dtype=like.dtype, device=like.device),

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .context import current_window
+from .context import current_window, user_shape
 from ..engine import checks
 from .layers import BayesLinear
 from .weight_sites import sample_rng, sampled_weights_only, site_weights
@@ -144,13 +144,12 @@ class BayesMultiheadAttention(nn.Module):
             if not isinstance(t, torch.Tensor) or t.dim() not in (2, 3):
                 raise ValueError(f"{name}: expected a 2-D (unbatched) or 3-D (batched) tensor, got "
                                  f"{getattr(t, 'shape', type(t).__name__)}")
-        if query.shape[-1] != self.embed_dim:
-            raise ValueError(f"query: the last dimension must be embed_dim={self.embed_dim}, got shape "
-                             f"{tuple(query.shape)}")
-        if key.shape[-1] != self.kdim:
-            raise ValueError(f"key: the last dimension must be kdim={self.kdim}, got shape {tuple(key.shape)}")
-        if value.shape[-1] != self.vdim:
-            raise ValueError(f"value: the last dimension must be vdim={self.vdim}, got shape {tuple(value.shape)}")
+        batch_dim = None if query.dim() < 3 else (0 if self.batch_first else 1)
+        for name, t, size in (("query", query, self.embed_dim), ("key", key, self.kdim), ("value", value, self.vdim)):
+            if t.shape[-1] != size:
+                what = {"query": "embed_dim", "key": "kdim", "value": "vdim"}[name]
+                raise ValueError(f"{name}: the last dimension must be {what}={size}, got shape "
+                                 f"{user_shape(t, batch_dim)}")
         is_batched = query.dim() == 3
         key_padding_mask = F._canonical_mask(mask=key_padding_mask, mask_name="key_padding_mask",
                                              other_type=F._none_or_dtype(attn_mask), other_name="attn_mask",

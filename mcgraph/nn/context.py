@@ -32,7 +32,7 @@ from ..engine.plan.families import GenericForm, SamplingForm
 from ..engine.noise.streams import BlockStream, mix_seed, resolve_seed
 
 __all__ = ["BayesianModule", "NoiseKind", "SampleRun", "Window", "Capture", "sample_run", "window", "current_window", "capture",
-           "current_capture", "bayesian_modules", "block_rows", "noise_stream", "chunks"]
+           "current_capture", "bayesian_modules", "block_rows", "noise_stream", "chunks", "user_shape"]
 
 
 class NoiseKind:
@@ -196,6 +196,17 @@ def window(run: SampleRun, start: int, stop: int) -> Iterator[Window]:
         yield _WINDOW.get()
     finally:
         _WINDOW.reset(token)
+
+
+def user_shape(t: torch.Tensor, batch_dim: int | None = 0) -> tuple:
+    """``t``'s shape as the caller passed it, for error messages: inside a window of S samples the batch
+    dimension holds the batch repeated S times, so it is shown divided by S."""
+    shape = list(t.shape)
+    win = current_window()
+    if (win is not None and win.size > 1 and batch_dim is not None and -t.dim() <= batch_dim < t.dim()
+            and shape[batch_dim] % win.size == 0):
+        shape[batch_dim] //= win.size
+    return tuple(shape)
 
 
 def chunks(num_samples: int, chunk_size: int) -> Iterator[tuple[int, int]]:

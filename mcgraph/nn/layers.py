@@ -50,7 +50,7 @@ from ..engine.stderr import MCEstimate, refuse_with_process_group
 from .context import BayesianModule, NoiseKind, current_capture, current_window, form_noise_global, normal_draw, rademacher
 from .layer_kl import layer_kl
 from .masks import adopt_masks
-from .priors import layer_options, make_prior, resolve_posterior, unchecked_construction
+from .priors import layer_options, make_prior, resolve_posterior, unchecked
 from .scales import scale_transform as resolve_scale_transform
 
 __all__ = ["SampleMode", "BayesLayer", "BayesLinear", "BayesConv", "BayesConv1d", "BayesConv2d",
@@ -215,16 +215,14 @@ class BayesLayer(BayesianModule):
         argument validation (σ > 0 by construction; validation would synchronise with the device
         on every forward).
         """
-        with unchecked_construction():
-            return self._posterior_factory(self.weight_mu, self.weight_sigma)
+        return unchecked(self._posterior_factory, self.weight_mu, self.weight_sigma)
 
     @property
     def bias_posterior(self) -> Distribution | None:
         """q(b) for a Bayesian bias, else ``None`` (a property, like :attr:`bias_prior`)."""
         if self.bias_mu is None:
             return None
-        with unchecked_construction():
-            return self._posterior_factory(self.bias_mu, self.bias_sigma)
+        return unchecked(self._posterior_factory, self.bias_mu, self.bias_sigma)
 
     @property
     def prior(self) -> Distribution:

@@ -74,11 +74,10 @@ def _raw(layer: nn.Module, name: str) -> torch.Tensor:
 
 def unmasked_posterior(layer: nn.Module) -> Distribution:
     """q(W) built from the stored parameters, ignoring the mask (differentiable in them)."""
-    from .priors import unchecked_construction
+    from .priors import unchecked
 
     mu, rho = _raw(layer, "weight_mu"), _raw(layer, "weight_rho")
-    with unchecked_construction():
-        return layer._posterior_factory(mu, layer.scale_transform(rho))
+    return unchecked(layer._posterior_factory, mu, layer.scale_transform(rho))
 
 
 @torch.no_grad()

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from .context import BayesianModule
+from .likelihood import IGNORE_INDEX
 
 __all__ = ["FOREIGN_LIBRARIES", "foreign_bayesian_layers", "require_bayesian", "check_batch", "input_hint",
            "batch_size", "split_batch", "input_grads", "describe_batch", "check_token_labels", "check_token_output"]
@@ -59,9 +60,10 @@ def foreign_bayesian_layers(model: nn.Module) -> list[tuple[str, nn.Module, str]
     return found
 
 
-def require_bayesian(model: nn.Module, caller: str, *, allow_none: bool = False) -> None:
-    """Raise when ``model`` holds unconverted foreign Bayesian layers, or (unless ``allow_none``)
-    no Bayesian layer at all; ``caller`` is the public function's name for the message."""
+def require_bayesian(model: nn.Module, caller: str, *, noise_suffices: bool = False) -> None:
+    """Raise when ``model`` holds unconverted foreign Bayesian layers, or no Bayesian layer at all (with
+    ``noise_suffices``: nor a module that draws per-sample noise, MC dropout's); ``caller`` is the public
+    function's name for the message."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"{caller}: model must be a torch.nn.Module, got {type(model).__name__}")
     foreign = foreign_bayesian_layers(model)
@@ -74,9 +76,15 @@ def require_bayesian(model: nn.Module, caller: str, *, allow_none: bool = False)
             f"sample: its KL would count as 0. Convert the model first: "
             f"model = mcgraph.interop.{lib}.to_mcgraph(model, kl_samples=...) (the converted layers share the "
             f"same Parameters), or use mcgraph.interop.{lib}.kl for the KL alone")
-    if not allow_none and not any(isinstance(m, BayesianModule) for m in model.modules()):
+    if any(isinstance(m, BayesianModule) for m in model.modules()):
+        return
+    if not noise_suffices:
         raise ValueError(f"{caller}: model has no Bayesian layer, so its KL would be 0. Make it Bayesian first: "
                          f"model = mg.nn.bayesify(model, ...) (or a partial conversion with skip=)")
+    if not any(getattr(m, "draws_run_noise", False) for m in model.modules()):
+        raise ValueError(f"{caller}: model has no Bayesian layer and draws no noise per sample (no MC dropout), so "
+                         f"its samples would all be the same network. Make it Bayesian first: model = "
+                         f"mg.nn.bayesify(model, ...), or keep its dropout on with mg.nn.mc_dropout(model)")
 
 
 def input_hint(model: nn.Module) -> str:
@@ -160,6 +168,36 @@ def check_batch(x, y, caller: str) -> None:
         raise TypeError(f"{caller}: y must be a torch.Tensor with one row per row of x, got {type(y).__name__}")
     if y.shape[:1] != (rows,):
         raise ValueError(f"{caller}: y must have as many rows as {what} ({rows}), got shape {tuple(y.shape)}")
+
+
+def check_class_labels(y: torch.Tensor, out: torch.Tensor, x, caller: str) -> None:
+    """``y`` holds class indices for the per-sample logits ``out`` ``(S, B, K, …)`` (the classes on dim 1 of
+    the model's output, as ``F.cross_entropy`` reads them): shape ``(B, …)``, an integer dtype, each index in
+    ``[0, K)`` or −100 (ignored). Checked once per call, where the labels enter."""
+    logits = out.shape[1:]
+    indices = logits[:1] + logits[2:]
+    K = logits[1] if len(logits) > 1 else None
+    if K is not None and tuple(y.shape) == tuple(logits) and tuple(y.shape) != tuple(indices):
+        raise ValueError(f"{caller}: y has the shape of the model's output {tuple(logits)}, one row of {K} class "
+                         f"scores per example; the categorical likelihood takes class indices of shape "
+                         f"{tuple(indices)}: pass y.argmax(1), not one-hot (or probability) rows")
+    if y.dtype.is_floating_point or y.dtype == torch.bool or y.is_complex():
+        raise TypeError(f"{caller}: y must hold class indices, an integer tensor (torch.long) of shape "
+                        f"{tuple(indices)}, for likelihood='categorical'; got dtype {y.dtype}"
+                        + (" (whole numbers: y.long() converts them)" if y.is_floating_point() and y.numel()
+                           and bool((y == y.round()).all()) else ""))
+    if tuple(y.shape) != tuple(indices):
+        extra = f" + {tuple(y.shape[1:])}" if y.dim() > 1 else ""
+        raise ValueError(f"{caller}: y has shape {tuple(y.shape)}, so the model's output for x must have shape "
+                         f"{tuple(y.shape[:1])} + (K,){extra} (K classes); {describe_batch(x)} gives an output of "
+                         f"shape {tuple(logits)}")
+    counted = y[y != IGNORE_INDEX]
+    if K is not None and counted.numel():
+        low, high = int(counted.min()), int(counted.max())
+        if low < 0 or high >= K:
+            bad = low if low < 0 else high
+            raise ValueError(f"{caller}: y holds the class index {bad}, outside [0, {K}) for the model's {K} "
+                             f"classes (dim 1 of its output; −100 marks an ignored example)")
 
 
 def check_token_labels(x, y, caller: str) -> None:

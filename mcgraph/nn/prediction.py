@@ -118,7 +118,7 @@ def forward_samples(model: nn.Module, x: torch.Tensor, num_samples: int, *, seed
         >>> a.shape, torch.allclose(a, b)
         (torch.Size([5, 3, 2]), True)
     """
-    require_bayesian(model, "mg.nn.forward_samples", allow_none=True)
+    require_bayesian(model, "mg.nn.forward_samples", noise_suffices=True)
     x, _ = split_batch(x, None, "mg.nn.forward_samples")
     check_batch(x, None, "mg.nn.forward_samples")
     num_samples = checks.positive_int("num_samples", num_samples)
@@ -254,7 +254,7 @@ def predict(model: nn.Module, x, num_samples: int, chunk_size: int | None = None
         >>> probs.shape, bool(torch.allclose(probs.sum(-1), torch.ones(2)))
         (torch.Size([2, 10]), True)
     """
-    require_bayesian(model, "mg.nn.predict", allow_none=True)
+    require_bayesian(model, "mg.nn.predict", noise_suffices=True)
     x, _ = split_batch(x, None, "mg.nn.predict")
     check_batch(x, None, "mg.nn.predict")
     if likelihood not in ("categorical",) and not is_per_token(likelihood):

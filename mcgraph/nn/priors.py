@@ -12,11 +12,12 @@ A **prior** is a ``Distribution`` instance (scalar parameters broadcast to the
 weight shape), a factory ``like -> Distribution`` called with the weight tensor
 (so it can match device, dtype and shape), or a key of :data:`PRIORS`.
 
-Adding a named family is one registration::
+Adding a named family is one registration (a ``validate_args`` keyword, passed on to the distribution,
+lets a layer build it without torch's constructor checks on every forward)::
 
     @mg.nn.register_prior("wide_normal")
-    def _wide(like, scale=10.0):
-        return torch.distributions.Normal(like.new_zeros(()), like.new_tensor(scale))
+    def _wide(like, scale=10.0, validate_args=None):
+        return torch.distributions.Normal(like.new_zeros(()), like.new_tensor(scale), validate_args=validate_args)
 
 Example:
     >>> import torch, mcgraph as mg
@@ -29,7 +30,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Callable
 
@@ -41,7 +41,7 @@ from ..engine.shapes import broadcast_shapes
 from ..distributions import Horseshoe, Logistic, LogUniform, Radial, ScaleMixtureNormal
 
 __all__ = ["POSTERIORS", "PRIORS", "register_posterior", "register_prior", "resolve_posterior",
-           "make_prior", "layer_options", "LAYER_DEFAULTS", "unchecked_construction"]
+           "make_prior", "layer_options", "LAYER_DEFAULTS", "unchecked"]
 
 PosteriorFactory = Callable[[torch.Tensor, torch.Tensor], Distribution]
 PriorFactory = Callable[..., Distribution]
@@ -64,7 +64,7 @@ def register_prior(name: str):
 
 
 register_posterior("normal")(Normal)
-register_posterior("gaussian")(Normal)
+register_posterior("gaussian")(Normal)  # the same alias as the priors'
 register_posterior("radial")(Radial)
 register_posterior("laplace")(Laplace)
 register_posterior("lognormal")(LogNormal)
@@ -76,35 +76,40 @@ def _scalar(like: torch.Tensor, value) -> torch.Tensor:
 
 
 @register_prior("normal")
-def _normal_prior(like, scale: float = 1.0, loc: float = 0.0):
-    return Normal(_scalar(like, loc), _scalar(like, scale))
+def _normal_prior(like, scale: float = 1.0, loc: float = 0.0, validate_args=None):
+    return Normal(_scalar(like, loc), _scalar(like, scale), validate_args=validate_args)
+
+
+register_prior("gaussian")(_normal_prior)  # the same alias as the posteriors'
 
 
 @register_prior("scale_mixture")
-def _scale_mixture_prior(like, pi: float = 0.5, scale1: float = 1.0, scale2: float = math.exp(-6.0)):
+def _scale_mixture_prior(like, pi: float = 0.5, scale1: float = 1.0, scale2: float = math.exp(-6.0),
+                         validate_args=None):
     """Blundell et al. (2015): π N(0, σ1²) + (1 − π) N(0, σ2²), defaults π = ½, −log σ1 = 0, −log σ2 = 6."""
-    return ScaleMixtureNormal(_scalar(like, pi), _scalar(like, scale1), _scalar(like, scale2))
+    return ScaleMixtureNormal(_scalar(like, pi), _scalar(like, scale1), _scalar(like, scale2),
+                              validate_args=validate_args)
 
 
 @register_prior("laplace")
-def _laplace_prior(like, scale: float = 1.0, loc: float = 0.0):
-    return Laplace(_scalar(like, loc), _scalar(like, scale))
+def _laplace_prior(like, scale: float = 1.0, loc: float = 0.0, validate_args=None):
+    return Laplace(_scalar(like, loc), _scalar(like, scale), validate_args=validate_args)
 
 
 @register_prior("student_t")
-def _student_t_prior(like, df: float = 3.0, scale: float = 1.0, loc: float = 0.0):
-    return StudentT(_scalar(like, df), _scalar(like, loc), _scalar(like, scale))
+def _student_t_prior(like, df: float = 3.0, scale: float = 1.0, loc: float = 0.0, validate_args=None):
+    return StudentT(_scalar(like, df), _scalar(like, loc), _scalar(like, scale), validate_args=validate_args)
 
 
 @register_prior("log_uniform")
-def _log_uniform_prior(like):
+def _log_uniform_prior(like, validate_args=None):
     """The improper p(w) ∝ 1/|w| (its KL is defined up to a constant)."""
-    return LogUniform()
+    return LogUniform(validate_args=validate_args)
 
 
 @register_prior("horseshoe")
-def _horseshoe_prior(like, scale: float = 1.0, loc: float = 0.0):
-    return Horseshoe(_scalar(like, loc), _scalar(like, scale))
+def _horseshoe_prior(like, scale: float = 1.0, loc: float = 0.0, validate_args=None):
+    return Horseshoe(_scalar(like, loc), _scalar(like, scale), validate_args=validate_args)
 
 
 def resolve_posterior(posterior) -> PosteriorFactory:
@@ -129,16 +134,21 @@ def resolve_posterior(posterior) -> PosteriorFactory:
     return posterior
 
 
-@contextlib.contextmanager
-def unchecked_construction():
-    """Build distributions without torch's constructor checks of their parameters (one host
-    synchronisation each); the instances still follow torch's default for validating ``log_prob``."""
-    before = Distribution._validate_args
-    Distribution.set_default_validate_args(False)
+def unchecked(factory: Callable[..., Distribution], *args, **kwargs) -> Distribution:
+    """``factory(*args, **kwargs)`` built without torch's constructor checks of its parameters (one host
+    synchronisation each), passing ``validate_args=False`` to this construction only: the instance (and
+    its base distributions) then follow torch's default for validating ``log_prob``, as if built plainly.
+    A factory that takes no ``validate_args`` is called as it is (checked). No class attribute is touched.
+    """
     try:
-        yield
-    finally:
-        Distribution.set_default_validate_args(before)
+        dist = factory(*args, validate_args=False, **kwargs)
+    except TypeError:
+        return factory(*args, **kwargs)
+    inner = dist
+    while isinstance(inner, Distribution):
+        inner.__dict__.pop("_validate_args", None)
+        inner = getattr(inner, "base_dist", None)
+    return dist
 
 
 def make_prior(prior, like: torch.Tensor, *, validate: bool = True) -> Distribution:
@@ -164,8 +174,7 @@ def make_prior(prior, like: torch.Tensor, *, validate: bool = True) -> Distribut
         except KeyError:
             raise ValueError(f"prior must be one of {sorted(PRIORS)}, a Distribution or a factory "
                              f"like -> Distribution, got {prior!r}") from None
-        with contextlib.nullcontext() if validate else unchecked_construction():
-            dist = factory(like)
+        dist = factory(like) if validate else unchecked(factory, like)
     elif callable(prior):
         dist = prior(like)
         if not isinstance(dist, Distribution):

@@ -53,7 +53,7 @@ from torch import _VF, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from ..engine import checks
-from .context import current_window
+from .context import current_window, user_shape
 from .layers import BayesLayer, BayesLinear
 from .weight_sites import SiteWeights, sampled_weights_only, site_weights
 
@@ -171,8 +171,9 @@ class FusedRNNBase(nn.Module):
         if x.dtype != dtype and not torch.is_autocast_enabled():
             raise ValueError(f"input: dtype {x.dtype} does not match the weights' dtype {dtype}")
         if x.size(-1) != self.input_size:
+            batch_dim = None if x.dim() < 3 or batch_sizes is not None else (0 if self.batch_first else 1)
             raise ValueError(f"input: the last dimension must be input_size={self.input_size}, "
-                             f"got shape {tuple(x.shape)}")
+                             f"got shape {user_shape(x, batch_dim)}")
 
     def _expected_hidden(self, batch: int, cell: bool) -> tuple:
         size = self.hidden_size if (cell or not self.proj_size) else self.proj_size

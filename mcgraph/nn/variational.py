@@ -43,7 +43,7 @@ from .context import bayesian_modules, chunks, sample_run
 from .network_kl import checked_model_kl
 from .layers import SampleMode
 from .likelihood import LIKELIHOODS, is_per_token, log_likelihood, mask_labels
-from .model_checks import (batch_size, check_batch, check_token_labels, check_token_output, describe_batch,
+from .model_checks import (batch_size, check_batch, check_class_labels, check_token_labels, check_token_output,
                            input_grads, require_bayesian, split_batch)
 from .prediction import can_vectorize, run_window
 
@@ -224,7 +224,7 @@ def expected_data_term(model: nn.Module, x, y: torch.Tensor | None = None, *, nu
         >>> torch.allclose(a, b)
         True
     """
-    require_bayesian(model, "mg.nn.expected_data_term", allow_none=True)
+    require_bayesian(model, "mg.nn.expected_data_term", noise_suffices=True)
     x, y = split_batch(x, y, "mg.nn.expected_data_term")
     check_batch(x, y, "mg.nn.expected_data_term")
     return _checked_data_term(model, x, y, num_samples, likelihood, noise_std, seed, return_stderr)
@@ -279,14 +279,15 @@ def _expected_data_term(model, x, y, num_samples, likelihood, noise_std, seed, c
     vectorize = can_vectorize(model) if vectorize is None else bool(vectorize)
     run = sample_run(model, num_samples, seed)
 
+    labels_checked = []
+
     def chunk_value(start: int, stop: int) -> torch.Tensor:
         out = run_window(model, x, run, start, stop, vectorize)  # (S, B, ...)
         if per_token:
             check_token_output(out, y, "mg.nn.expected_data_term")
-        elif likelihood == "categorical" and out.dim() - 1 != y.dim() + 1:
-            raise ValueError(f"y has shape {tuple(y.shape)}, so the model's output for x must have shape "
-                             f"{tuple(y.shape)} + (K,) (K classes); {describe_batch(x)} gives an output "
-                             f"of shape {tuple(out.shape[1:])}")
+        elif likelihood == "categorical" and not labels_checked:  # where the labels enter: once per call
+            check_class_labels(y, out, x, "mg.nn.elbo / expected_data_term")
+            labels_checked.append(True)
         size = stop - start
         target = y if size == 1 else y.repeat(size, *([1] * (y.dim() - 1)))
         ll = log_likelihood(likelihood, out.reshape(size * batch, *out.shape[2:]), target, noise_std)
