@@ -62,7 +62,8 @@ def foreign_bayesian_layers(model: nn.Module) -> list[tuple[str, nn.Module, str]
 
 def require_bayesian(model: nn.Module, caller: str, *, noise_suffices: bool = False) -> None:
     """Raise when ``model`` holds unconverted foreign Bayesian layers, or no Bayesian layer at all (with
-    ``noise_suffices``: nor a module that draws per-sample noise, MC dropout's); ``caller`` is the public
+    ``noise_suffices``: nor a module that varies per sample: MC dropout's noise, a snapshot ensemble's
+    members, flagged ``draws_run_noise`` or ``varies_per_sample``); ``caller`` is the public
     function's name for the message."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"{caller}: model must be a torch.nn.Module, got {type(model).__name__}")
@@ -81,7 +82,8 @@ def require_bayesian(model: nn.Module, caller: str, *, noise_suffices: bool = Fa
     if not noise_suffices:
         raise ValueError(f"{caller}: model has no Bayesian layer, so its KL would be 0. Make it Bayesian first: "
                          f"model = mg.nn.bayesify(model, ...) (or a partial conversion with skip=)")
-    if not any(getattr(m, "draws_run_noise", False) for m in model.modules()):
+    if not any(getattr(m, "draws_run_noise", False) or getattr(m, "varies_per_sample", False)
+               for m in model.modules()):
         raise ValueError(f"{caller}: model has no Bayesian layer and draws no noise per sample (no MC dropout), so "
                          f"its samples would all be the same network. Make it Bayesian first: model = "
                          f"mg.nn.bayesify(model, ...), or keep its dropout on with mg.nn.mc_dropout(model)")

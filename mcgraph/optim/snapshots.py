@@ -38,6 +38,9 @@ class SnapshotEnsemble(nn.Module):
         model: the network whose snapshots are taken (a deep copy is kept as the template).
     """
 
+    #: Sample ``i`` of a run is snapshot ``i mod S``: the samples differ (``mg.nn.predict`` accepts the ensemble).
+    varies_per_sample = True
+
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         if not isinstance(model, nn.Module):
