@@ -54,3 +54,55 @@ def test_internal_callers_do_not_warn():
         mnn.predict(net, x, num_samples=2)
         mnn.kl(net, seed=0, return_stderr=True)
     assert pickle.loads(pickle.dumps(net)) is not None   # modules pickle (distributions are built on demand)
+
+
+# --------------------------------------------------------------------------- subclass-safe construction
+
+
+def test_from_torch_builds_the_class_it_is_called_on():
+    class MyConv(mg.nn.BayesConv2d):
+        pass
+
+    class MyLinear(mg.nn.BayesLinear):
+        pass
+
+    class MyUp(mg.nn.BayesConvTranspose2d):
+        pass
+
+    assert type(MyConv.from_torch(torch.nn.Conv2d(3, 4, 3))) is MyConv
+    assert type(MyLinear.from_torch(torch.nn.Linear(3, 4))) is MyLinear
+    assert type(MyUp.from_torch(torch.nn.ConvTranspose2d(3, 4, 2))) is MyUp
+    assert type(mg.nn.BayesConv.from_torch(torch.nn.Conv1d(3, 4, 3))) is mg.nn.BayesConv
+    with pytest.raises(ValueError, match=r"module: BayesConv2d converts 2-d convolutions, got Conv1d"):
+        mg.nn.BayesConv2d.from_torch(torch.nn.Conv1d(3, 4, 3))
+
+
+def test_a_subclass_that_builds_its_own_distributions_takes_the_general_kl_path():
+    class Shifted(mg.nn.BayesLinear):
+        @property
+        def prior(self):
+            return torch.distributions.Normal(torch.tensor(0.5), torch.tensor(1.0))
+
+    torch.manual_seed(0)
+    plain, shifted = mg.nn.BayesLinear(4, 3), Shifted(4, 3)
+    shifted.load_state_dict(plain.state_dict())
+    assert plain._has_plain_distributions() and not shifted._has_plain_distributions()
+    expected = torch.distributions.kl_divergence(shifted.posterior, shifted.prior).sum()
+    torch.testing.assert_close(shifted.kl(), expected)
+    assert not torch.allclose(plain.kl(), shifted.kl())
+
+
+def test_the_recurrent_construction_hook_builds_another_layout():
+    """A subclass of BayesRNNBase builds its own sites through the hook, never bypassing __init__."""
+    from mcgraph.nn.recurrent import BayesRNNBase
+
+    class Counted(BayesRNNBase):
+        def _build_sites(self, factory, options):
+            names = super()._build_sites(factory, options)
+            self.sites_built = [n for group in names for n in group]
+            return names
+
+    layer = Counted("LSTM", 3, 4, num_layers=2)
+    assert layer.sites_built == ["ih_l0", "hh_l0", "ih_l1", "hh_l1"]
+    out, (h, c) = layer(torch.randn(5, 2, 3))
+    assert out.shape == (5, 2, 4) and h.shape == c.shape == (2, 2, 4)

@@ -48,7 +48,7 @@ from torch import nn
 from torch.distributions import Distribution
 
 from ..nn.layers import BayesLayer
-from ..nn.recurrent import BayesRNNBase, FusedRNNBase
+from ..nn.recurrent import BayesRNNBase
 from ..nn.scales import scale_transform
 from ..nn.weight_sites import SiteWeights
 from . import convert, divergence
@@ -142,18 +142,27 @@ class BlitzRecurrent(BayesRNNBase):
 
     def __init__(self, mode: str, in_features: int, out_features: int, bias: bool, *, priors: dict,
                  kl_samples: int, device=None, dtype=None) -> None:
-        # the sites are blitz's tensors, not torch's: BayesRNNBase's constructor (which builds torch's) is skipped
-        FusedRNNBase.__init__(self, mode, in_features, out_features, 1, bias, True)
-        options = dict(kl_samples=kl_samples, scale_transform="softplus", local_reparameterization=False,
-                       device=device, dtype=dtype)
-        H4 = 4 * out_features
-        self.ih_l0 = _Tensor((in_features, H4), prior=priors["weight_ih"], **options)
-        self.hh_l0 = _Tensor((out_features, H4), prior=priors["weight_hh"], **options)
+        super().__init__(mode, in_features, out_features, 1, bias, True, device=device, dtype=dtype, priors=priors,
+                         kl_samples=kl_samples)
+
+    def _build_sites(self, factory: dict, options: dict) -> list[list[str]]:
+        """blitz's layout (the construction hook): ``ih_l0`` ``(in, 4·H)``, ``hh_l0`` ``(H, 4·H)``, ``b_l0``."""
+        priors = options.pop("priors")
+        options = dict(options, scale_transform="softplus", local_reparameterization=False, **factory)
+        H4 = 4 * self.hidden_size
+        self.ih_l0 = _Tensor((self.input_size, H4), prior=priors["weight_ih"], **options)
+        self.hh_l0 = _Tensor((self.hidden_size, H4), prior=priors["weight_hh"], **options)
         names = ["ih_l0", "hh_l0"]
-        if bias:
+        if self.bias:
             self.b_l0 = _Tensor((H4,), prior=priors["bias"], **options)
             names.append("b_l0")
-        self._site_names = [names]
+        return [names]
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """The sites' own initialisation (the conversion then copies blitz's tensors)."""
+        for site in self.sites():
+            site.reset_parameters()
 
     def _layer_weights(self, draws: list[SiteWeights], s: int) -> list[torch.Tensor]:
         w_ih, w_hh = draws[0].at(s)[0], draws[1].at(s)[0]

@@ -237,12 +237,19 @@ class BayesLayer(BayesianModule):
     def is_bayesian_bias(self) -> bool:
         return self.bias_mu is not None
 
+    #: Whether :attr:`posterior`, :attr:`prior` and their bias twins are :class:`BayesLayer`'s own; a subclass
+    #: that defines one builds its distributions another way (set by ``__init_subclass__``).
+    _plain_distributions = True
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if any(name in cls.__dict__ for name in ("posterior", "prior", "bias_posterior", "bias_prior")):
+            cls._plain_distributions = False
+
     def _has_plain_distributions(self) -> bool:
-        """Whether :attr:`posterior`, :attr:`prior` and their bias twins are this class's own (a subclass
-        that overrides one builds its distributions another way, and its KL takes the general path)."""
-        cls = type(self)
-        return (cls.posterior is BayesLayer.posterior and cls.prior is BayesLayer.prior
-                and cls.bias_posterior is BayesLayer.bias_posterior and cls.bias_prior is BayesLayer.bias_prior)
+        """Whether the layer builds its distributions as :class:`BayesLayer` does (else its KL takes the general
+        path)."""
+        return type(self)._plain_distributions
 
     def kl(self, num_samples: int | None = None, *, seed: int | None = None, method: str = "auto",
            return_stderr: bool = False, process_group=None):
@@ -627,6 +634,16 @@ def _dims_of(cls, spatial_dims, kernel_size) -> int:
     return spatial_dims
 
 
+def _from_dims(cls, module: nn.Module) -> int:
+    """The spatial dimensions of the torch convolution ``module``, refused when ``cls`` fixes other ones."""
+    dims = len(module.kernel_size)
+    fixed = getattr(cls, "_default_dims", None)
+    if fixed is not None and fixed != dims:
+        raise ValueError(f"module: {cls.__name__} converts {fixed}-d convolutions, got {type(module).__name__} "
+                         f"({dims}-d); use {cls.__mro__[1].__name__}.from_torch or the {dims}-d class")
+    return dims
+
+
 class BayesConv(_BayesConvNd):
     """Bayesian N-d convolution (``nn.Conv1d/2d/3d``), one class for every dimension.
 
@@ -660,10 +677,10 @@ class BayesConv(_BayesConvNd):
     def from_torch(cls, module: nn.modules.conv._ConvNd, *, init_from_weights: bool = True, **options) -> "BayesConv":
         """The Bayesian counterpart of an ``nn.Conv{1,2,3}d`` (μ copied from it when ``init_from_weights``)."""
         p = module.weight
-        layer = BayesConv(module.in_channels, module.out_channels, module.kernel_size, module.stride,
-                          module.padding, module.dilation, module.groups, module.bias is not None,
-                          module.padding_mode, spatial_dims=len(module.kernel_size), device=p.device,
-                          dtype=p.dtype, **options)
+        layer = cls(module.in_channels, module.out_channels, module.kernel_size, module.stride,
+                    module.padding, module.dilation, module.groups, module.bias is not None,
+                    module.padding_mode, spatial_dims=_from_dims(cls, module), device=p.device,
+                    dtype=p.dtype, **options)
         if init_from_weights:
             layer._copy_from(module)
         return layer
@@ -719,10 +736,10 @@ class BayesConvTranspose(_BayesConvNd):
                    **options) -> "BayesConvTranspose":
         """The Bayesian counterpart of an ``nn.ConvTranspose{1,2,3}d``."""
         p = module.weight
-        layer = BayesConvTranspose(module.in_channels, module.out_channels, module.kernel_size, module.stride,
-                                   module.padding, module.output_padding, module.groups, module.bias is not None,
-                                   module.dilation, spatial_dims=len(module.kernel_size), device=p.device,
-                                   dtype=p.dtype, **options)
+        layer = cls(module.in_channels, module.out_channels, module.kernel_size, module.stride,
+                    module.padding, module.output_padding, module.groups, module.bias is not None,
+                    module.dilation, spatial_dims=_from_dims(cls, module), device=p.device,
+                    dtype=p.dtype, **options)
         if init_from_weights:
             layer._copy_from(module)
         return layer

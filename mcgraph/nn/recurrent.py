@@ -412,23 +412,36 @@ class BayesRNNBase(FusedRNNBase):
                          proj_size)
         sampled_weights_only(options, "recurrent layers", "the fused recurrent kernel takes weights, so "
                                                            "weights are sampled (once per sequence)")
-        gates, _ = RECURRENT_KERNELS[mode]
-        directions = self.num_directions
-        real_hidden = proj_size or hidden_size
-        fk = {"device": device, "dtype": dtype}
-        self._site_names: list[list[str]] = []  # per (layer, direction): ih, hh[, hr]
-        for layer in range(num_layers):
-            for direction in range(directions):
-                suffix = f"_l{layer}" + ("_reverse" if direction else "")
-                layer_input = input_size if layer == 0 else real_hidden * directions
-                names = [f"ih{suffix}", f"hh{suffix}"]
-                setattr(self, names[0], BayesLinear(layer_input, gates * hidden_size, bias, **fk, **options))
-                setattr(self, names[1], BayesLinear(real_hidden, gates * hidden_size, bias, **fk, **options))
-                if proj_size:
-                    names.append(f"hr{suffix}")
-                    setattr(self, names[2], BayesLinear(hidden_size, proj_size, False, **fk, **options))
-                self._site_names.append(names)
+        #: per (layer, direction): the names of its sites (torch's layout: ih, hh[, hr])
+        self._site_names: list[list[str]] = self._build_sites({"device": device, "dtype": dtype}, options)
         self.reset_parameters()
+
+    def _build_sites(self, factory: dict, options: dict) -> list[list[str]]:
+        """Create the Bayesian sites (the construction hook) and return their names per (layer, direction).
+
+        torch's layout here: per layer and direction ``ih`` ``(gates·H, in)``, ``hh`` ``(gates·H, H)`` and, with
+        ``proj_size``, ``hr``. A subclass whose sites hold another library's layout overrides this hook (and
+        :meth:`_layer_weights`, which maps its draws to torch's flat weights); ``options`` are the keyword
+        arguments the constructor was given beyond torch's, ``factory`` the device and dtype.
+        """
+        gates, _ = RECURRENT_KERNELS[self.mode]
+        real_hidden = self.proj_size or self.hidden_size
+        names_out = []
+        for layer in range(self.num_layers):
+            for direction in range(self.num_directions):
+                suffix = f"_l{layer}" + ("_reverse" if direction else "")
+                layer_input = self.input_size if layer == 0 else real_hidden * self.num_directions
+                names = [f"ih{suffix}", f"hh{suffix}"]
+                setattr(self, names[0], BayesLinear(layer_input, gates * self.hidden_size, self.bias, **factory,
+                                                    **options))
+                setattr(self, names[1], BayesLinear(real_hidden, gates * self.hidden_size, self.bias, **factory,
+                                                    **options))
+                if self.proj_size:
+                    names.append(f"hr{suffix}")
+                    setattr(self, names[2], BayesLinear(self.hidden_size, self.proj_size, False, **factory,
+                                                        **options))
+                names_out.append(names)
+        return names_out
 
     # ------------------------------------------------------------------ parameters
 
