@@ -27,36 +27,11 @@ of Lin et al., 2020, that keeps ``h`` positive):
 ``lr ≈ 0.1`` with ``h₀`` 0.01–1 and ``ess`` the number of training examples); ``clip_radius`` ρ
 clips each element of the preconditioned step; ``debias`` is Adam's ``1 − β₁ᵗ``.
 
-**One-line migration from ivon-opt**: ``ivon.IVON(model.parameters(), lr=0.1, ess=N)`` becomes
-``mg.optim.IVON(model.parameters(), lr=0.1, ess=N)`` (or pass ``model`` itself, which also names
-the posterior's entries). Arguments, defaults and the training loop are the same::
-
-    for x, y in loader:
-        for _ in range(train_samples):
-            with opt.sampled_params(train=True):
-                opt.zero_grad()
-                F.cross_entropy(model(x), y).backward()
-        opt.step()
-
-What differs, fixing what the reference's users hit:
-
-* ``state_dict()`` holds the step count (Adam's bias correction continues after a resume) and,
-  with ``seed=``, the noise seed: a run resumed from a checkpoint continues bitwise. With
-  ``seed=None`` the noise comes from torch's global generator exactly as ivon-opt draws it (same
-  numbers under the same ``torch.manual_seed``); save ``torch.get_rng_state()`` beside the
-  checkpoint to resume bitwise in that mode.
-* An exception inside ``sampled_params`` restores the mean weights (and records no sample).
-* Parameters may live on several devices and have several dtypes; ``float16`` / ``bfloat16``
-  parameters keep their mean, momentum and hessian in ``float32`` (the parameter holds the
-  rounded mean). ``torch.autocast`` training needs nothing special.
-* ``sampled_params`` may be nested (the inner one does nothing), so ``step(closure)`` accepts both
-  a closure that enters ``sampled_params`` itself (ivon-opt's style) and one that does not.
-* ``step()`` with no sample recorded raises (ivon-opt fails with ``TypeError: 'NoneType'``).
-* ``process_group`` (or ``sync=True`` with the default group): every rank draws its own weight
-  sample and ĝ, ĥ are averaged over the ranks, so R processes give ``R·K`` Monte Carlo samples per
-  step. With ``seed=`` rank ``r`` draws sample ``k`` as global sample ``k·R + r``: the step equals
-  the one-process step with ``mc_samples=R·K`` up to float rounding. (ivon-opt's ``sync`` with
-  ``hess_approx="gradsq"`` all-reduces ``None``.)
+The update is stated once, as pure functions, in :mod:`mcgraph.optim.updates` (:func:`~mcgraph.optim.updates.ivon_record`,
+:func:`~mcgraph.optim.updates.ivon_step`); :meth:`IVON.step` runs it as foreach operations, or as one
+compiled pass per parameter on the CPU (:mod:`mcgraph.optim.cpu_kernels`), both equal to it bit for bit
+(tested). Moving from ivon-opt is one line (``ivon.IVON`` → ``mg.optim.IVON``, the same arguments and
+defaults); what differs is listed in the docs (``docs/optimizers.md``, "From ivon-opt").
 
 **Gradient accumulation.** One weight sample covers the whole batch: enter ``sampled_params``
 once per Monte Carlo sample and accumulate the micro-batches' gradients inside it, each mean loss
@@ -593,8 +568,8 @@ class IVON(CountedOptimizer):
                 torch._foreach_sqrt_(inv)  # torch's square root, as _group_scales takes it
                 next_scales.append((self._scale_key(group), hess_wd, inv))
                 continue
-            # One foreach call per operation and group, in place: the arithmetic of the module docstring in
-            # ivon-opt's order of operations (bitwise equal to it), on the samples' buffers, which are free
+            # updates.ivon_step as one foreach call per operation and group, in place (bitwise equal to it, and
+            # to ivon-opt's order of operations), on the samples' buffers, which are free
             # after their last use (ĝ -> (1-β₁)ĝ -> the correction, ĥ -> f -> the step): a step allocates
             # nothing of the parameters' size (fresh temporaries cost more than the copies on CPU).
             torch._foreach_mul_(momentum, self._scalar(b1, momentum))

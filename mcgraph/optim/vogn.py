@@ -85,7 +85,7 @@ import torch
 from torch import nn
 
 from ..engine.checks import all_finite
-from . import cpu_kernels
+from . import cpu_kernels, updates
 from ._checks import non_negative_real, positive_int, positive_real, real_in
 from .gaussian import GaussianVariationalOptimizer
 
@@ -359,11 +359,9 @@ class VOGN(GaussianVariationalOptimizer):
                 mu, m, s = cpu_kernels.vogn_update_(p.detach(), gi, hi, m, state["precision"], delta=delta,
                                                     beta1=beta1, keep=keep, beta2=beta2, lr=group["lr"],
                                                     damping=group["damping"])  # lines 17-19 in one pass
-            else:
-                grad = gi + delta * p
-                m = grad if m is None else m * beta1 + grad                             # line 17
-                s = state["precision"] * keep + beta2 * hi                              # line 18
-                mu = p - group["lr"] * m / (s + delta + group["damping"])               # line 19
+            else:  # lines 17-19 (the compiled pass above is their accelerator, equal bit for bit)
+                mu, m, s = updates.vogn_step(p.detach(), gi, hi, m, state["precision"], delta=delta, beta1=beta1,
+                                             keep=keep, beta2=beta2, lr=group["lr"], damping=group["damping"])
             if mask is not None:
                 mu, m = mu * mask, m * mask
             tentative.append((p, {"param": mu, "momentum": m, "precision": s}))
