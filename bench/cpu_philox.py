@@ -100,6 +100,9 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--engine", action="store_true", help="also time mg.kl_divergence on both streams")
+    ap.add_argument("--device", default="cpu", choices=["cpu"],
+                    help="cpu only: the compiled Philox stream is the CPU's sampler (on a GPU the Triton kernels "
+                         "draw: bench/kernels.py)")
     ap.add_argument("--out", default=None, help="JSON-lines file to append rows to")
     args = ap.parse_args(argv)
     if cpu_philox.extension() is None:

@@ -19,6 +19,9 @@ Rows go to ``<out>/distributed_kl.json`` (one row per process and R) and a table
 with the speed-up over R = 1 and the projection of the scaling to more workers from the
 measured compute / communication split: ``T(R) = T_compute(1) / R + T_comm(R)`` with a ring
 all-reduce, ``T_comm(R) ∝ 2 (R − 1) / R`` times the bytes (bandwidth-bound).
+
+``--device cuda`` puts rank r's network on GPU ``r mod`` the number of GPUs (the group stays gloo, which
+all-reduces CUDA tensors; several ranks may share one GPU) and synchronises it around every timed call.
 """
 
 from __future__ import annotations
@@ -56,12 +59,21 @@ def worker(rank: int, world: int, store: str, args: dict, outdir: str) -> None:
     import mcgraph as mg
     from mcgraph.engine.distributed import comm_stats, reset_comm_stats
 
+    device = torch.device("cpu")
+    if args.get("device", "cpu") == "cuda":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     group = None
     if world > 1:
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=1800))
         group = dist.group.WORLD
-    net = build(args["model"])
+    net = build(args["model"]).to(device)
     params = [p for p in net.parameters() if p.requires_grad]
     times, cpus, comms, nbytes, value = [], [], [], 0, None
     for i in range(args["repeats"] + args["warmup"]):
@@ -70,9 +82,11 @@ def worker(rank: int, world: int, store: str, args: dict, outdir: str) -> None:
         if group is not None:
             dist.barrier()
         reset_comm_stats()
+        sync()
         t0, c0 = time.perf_counter(), time.process_time()
         kl = mg.nn.kl(net, args["num_samples"], seed=i, method="monte-carlo", process_group=group)
         kl.backward()
+        sync()
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
         stats = comm_stats()
         value = float(kl.detach())
@@ -83,10 +97,12 @@ def worker(rank: int, world: int, store: str, args: dict, outdir: str) -> None:
             nbytes = stats["data_bytes"]
     allreduce = 0.0
     if group is not None and nbytes:
-        buf = torch.zeros(nbytes // 4, dtype=torch.float32)
+        buf = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
         dist.barrier()
+        sync()
         t0 = time.perf_counter()
         dist.all_reduce(buf)
+        sync()
         allreduce = time.perf_counter() - t0
     row = {"bench": "distributed_kl", "model": args["model"], "posterior": "radial", "prior": "normal",
            "M": args["num_samples"], "processes": world, "rank": rank, "threads": args["threads"],
@@ -94,7 +110,7 @@ def worker(rank: int, world: int, store: str, args: dict, outdir: str) -> None:
            "cpu_s": statistics.median(cpus),
            "comm_s": statistics.median(comms), "comm_bytes": nbytes, "allreduce_s": allreduce,
            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "kl_last": value,
-           "torch": torch.__version__, "device": "cpu", "cpus": os.cpu_count()}
+           "torch": torch.__version__, "device": device.type, "cpus": os.cpu_count()}
     atomic_io.write_json(os.path.join(outdir, f"row{world}_{rank}.json"), row)
     if group is not None:
         dist.destroy_process_group()
@@ -131,10 +147,14 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1, help="untimed calls before the timed ones")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="where each rank's network lives (cuda: rank r on GPU r mod the GPU count)")
     p.add_argument("--out", default="bench/out")
     a = p.parse_args(argv)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch.cuda.is_available() is False")
     args = {"model": a.model, "num_samples": a.num_samples, "repeats": a.repeats, "threads": a.threads,
-            "warmup": a.warmup}
+            "warmup": a.warmup, "device": a.device}
     rows = []
     for world in a.procs:
         rows += run(world, args)

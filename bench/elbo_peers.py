@@ -31,6 +31,10 @@ Measured per (provider, M), each in a fresh subprocess:
   or mcgraph's seeded rows), each sample's noise in its own tensor (M = ``--grad-samples``). The
   peers' loops reuse one noise buffer per layer, so their ρ-gradients are wrong for M > 1.
 
+``--device cuda`` puts the models and the batch on the GPU: passes are timed with the device synchronised,
+and rows add ``peak_bytes`` (``torch.cuda.max_memory_allocated`` over the timed passes, above the memory
+held before them).
+
 Rows go to ``--out`` (JSON lines: provider, M, device, torch, mcgraph, commit, …); a summary
 table and the targets (mcgraph's peak RSS at the largest M ≤ 1.3× its M = 1 value, time ≤ the
 peer's at every M ≥ 16) follow.
@@ -66,11 +70,18 @@ RHO_INIT = -3.0
 BLITZ_PRIOR = dict(prior_pi=0.5, prior_sigma_1=1.0, prior_sigma_2=0.002)
 PROVIDERS = ("mcgraph", "mcgraph-direct", "bayesian-torch", "bayesian-torch+mcgraph", "blitz", "blitz+mcgraph")
 PEERS = {"bayesian-torch": "bayesian-torch+mcgraph", "blitz": "blitz+mcgraph"}
+DEVICE = torch.device("cpu")  # where the models and the batch live (--device)
 
 
 def _data():
     g = torch.Generator().manual_seed(0)
-    return torch.randn(BATCH, SIZES[0], generator=g), torch.randint(0, SIZES[-1], (BATCH,), generator=g)
+    x, y = torch.randn(BATCH, SIZES[0], generator=g), torch.randint(0, SIZES[-1], (BATCH,), generator=g)
+    return x.to(DEVICE), y.to(DEVICE)
+
+
+def _sync() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
 
 
 def _mlp():
@@ -172,6 +183,11 @@ def loss_fn(provider: str, model, x, y, M):
 
 
 def build(provider: str):
+    """The model of ``provider``, on ``DEVICE``."""
+    return _build(provider).to(DEVICE)
+
+
+def _build(provider: str):
     if provider in ("mcgraph", "mcgraph-direct"):
         return mcgraph_model()
     if provider == "bayesian-torch":
@@ -265,26 +281,34 @@ def measure(provider: str, M: int, reps: int, grad_samples: int) -> dict:
 
     x, y = _data()
     model = build(provider)
+    cuda = DEVICE.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(DEVICE)
+        base = torch.cuda.memory_allocated(DEVICE)
     loss = loss_fn(provider, model, x, y, M)
     size = mg.graph_size(loss)
     del loss
     times = []
     for _ in range(reps):
         model.zero_grad(set_to_none=True)
+        _sync()
         t0 = time.perf_counter()
         loss = loss_fn(provider, model, x, y, M)
         loss.backward()
+        _sync()
         times.append(time.perf_counter() - t0)
         del loss
     peak_rss = peak_rss_bytes()  # VmHWM, before the gradient check's own graphs
+    extra = {"peak_bytes": int(torch.cuda.max_memory_allocated(DEVICE) - base)} if cuda else {}
     grad_err = grad_error(provider, grad_samples) if grad_samples else None
     return {
         "provider": provider, "M": M, "batch": BATCH, "sizes": list(SIZES),
         "saved_bytes": size.saved_bytes, "nodes": size.nodes, "time_s": min(times), "times_s": times,
         "peak_rss_bytes": peak_rss,
         "rho_grad_rel_err": grad_err, "grad_samples": grad_samples,
-        "device": "cpu", "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
-        "torch": torch.__version__, "mcgraph": mg.__version__, "commit": git_commit(),
+        "device": DEVICE.type, "threads": torch.get_num_threads(),
+        "machine": platform.processor() or platform.machine(),
+        "torch": torch.__version__, "mcgraph": mg.__version__, "commit": git_commit(), **extra,
     }
 
 
@@ -297,20 +321,23 @@ def interleaved_times(peer: str, M: int, reps: int) -> dict:
     for _ in range(reps):
         for name in names:
             models[name].zero_grad(set_to_none=True)
+            _sync()
             t0 = time.perf_counter()
             loss = loss_fn(name, models[name], x, y, M)
             loss.backward()
+            _sync()
             times[name].append(time.perf_counter() - t0)
             del loss
     best = {name: min(t) for name, t in times.items()}
     return {"provider": f"interleaved:{peer}", "M": M, "times_s": times, "peer_s": best[peer],
             "mcgraph_s": best[PEERS[peer]], "ratio": best[PEERS[peer]] / best[peer], "sizes": list(SIZES),
-            "device": "cpu", "threads": torch.get_num_threads(), "torch": torch.__version__, "commit": git_commit()}
+            "device": DEVICE.type, "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "commit": git_commit()}
 
 
 def _run_one(args, provider: str, M: int, grad_samples: int) -> dict | None:
     cmd = [sys.executable, "-m", "bench.elbo_peers", "--one", provider, str(M), "--reps", str(args.reps), "--grad-samples",
-           str(grad_samples), "--threads", str(args.threads), "--sizes", *map(str, SIZES)]
+           str(grad_samples), "--threads", str(args.threads), "--sizes", *map(str, SIZES), "--device", args.device]
     done = subprocess.run(cmd, capture_output=True, text=True, env=child_env())
     if done.returncode:
         print(f"{provider} M={M} failed:\n{done.stderr[-2000:]}", file=sys.stderr)
@@ -343,7 +370,7 @@ def summary(rows: list[dict], samples: list[int]) -> list[str]:
 
 
 def main(argv=None) -> int:
-    global SIZES
+    global SIZES, DEVICE
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--samples", type=int, nargs="+", default=[1, 16, 64, 256])
     parser.add_argument("--providers", nargs="+", default=list(PROVIDERS), choices=PROVIDERS)
@@ -352,12 +379,15 @@ def main(argv=None) -> int:
     parser.add_argument("--grad-samples", type=int, default=4, help="M of the gradient check (0: skip)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--max-direct", type=int, default=64, help="largest M for mcgraph-direct")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the models and batch live")
     parser.add_argument("--out", default="bench/results/elbo_peers.jsonl")
     parser.add_argument("--interleaved", action="store_true",
                         help="also time each peer and its +mcgraph provider alternately in one process")
     parser.add_argument("--one", nargs=2, metavar=("PROVIDER", "M"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    SIZES = tuple(args.sizes)
+    SIZES, DEVICE = tuple(args.sizes), torch.device(args.device)
+    if DEVICE.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch.cuda.is_available() is False")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.one:

@@ -95,6 +95,9 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    ap.add_argument("--device", default="cpu", choices=["cpu"],
+                    help="cpu only: these are the CPU fused tier's chunk bodies (on a GPU the fused tier is the Triton "
+                         "kernel: bench/kernels.py)")
     ap.add_argument("--out", default="bench/out")
     args = ap.parse_args(argv)
     rows = []

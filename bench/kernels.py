@@ -46,8 +46,9 @@ import os
 import sys
 from pathlib import Path
 
-if "--smoke" in sys.argv:  # the interpreter must be chosen before the kernels are imported
-    os.environ["TRITON_INTERPRET"] = "1"
+_ARGV = sys.argv[1:]
+if "--smoke" in _ARGV or "--device=cpu" in _ARGV or ("--device", "cpu") in zip(_ARGV, _ARGV[1:]):
+    os.environ["TRITON_INTERPRET"] = "1"  # the interpreter must be chosen before the kernels are imported
 
 import torch  # noqa: E402
 
@@ -302,7 +303,14 @@ def main(argv=None) -> int:
                         help="CSV file to append rows to (default: bench/results/kernels.csv on CUDA)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes on CPU in Triton's interpreter (exercises the code; timings meaningless)")
+    parser.add_argument("--device", default=None, choices=["cuda", "cpu"],
+                        help="cuda (the default: the kernels are GPU kernels) or cpu (Triton's interpreter, "
+                             "TRITON_INTERPRET=1, at the given sizes; the default with --smoke)")
     args = parser.parse_args(argv)
+    if args.device is None:
+        args.device = "cpu" if args.smoke else "cuda"
+    if args.smoke and args.device != "cpu":
+        parser.error("--smoke runs on the CPU, in Triton's interpreter")
 
     try:
         import triton  # noqa: F401
@@ -311,6 +319,9 @@ def main(argv=None) -> int:
         return 0
     if args.smoke:
         device, sizes, samples = torch.device("cpu"), [1003], [1, 4]
+        out = args.out
+    elif args.device == "cpu":
+        device, sizes, samples = torch.device("cpu"), args.sizes, args.samples
         out = args.out
     else:
         if not torch.cuda.is_available():

@@ -13,6 +13,9 @@ warm-up call of each):
 
 Wall-clock seconds (the ratios), process CPU seconds and system seconds (``getrusage``) per call; the
 load average is printed beside every result, since the machine may be shared.
+
+``--device cuda`` puts the parameters (and the priors' parameters) on the GPU: the fused tier is then the
+Triton kernel, every call is synchronised before the clock stops, and the rows carry ``device``.
 """
 
 from __future__ import annotations
@@ -32,30 +35,44 @@ from mcgraph.distributions import Radial, ScaleMixtureNormal
 TARGETS = {"fused": 2.5, "radial": 1.3}
 
 
-def cases(P: int, M: int) -> dict:
+def cases(P: int, M: int, device="cpu") -> dict:
     """name -> zero-argument callables, timed one after the other."""
+    device = torch.device(device)
     shape = (P // 1000, 1000) if P % 1000 == 0 else (P,)
-    loc = torch.zeros(shape, requires_grad=True)
-    rho = torch.full(shape, -2.0, requires_grad=True)
-    normal_prior = torch.distributions.Normal(0.0, 1.0)
-    mixture = ScaleMixtureNormal(0.5, 1.0, 1e-3)
+    loc = torch.zeros(shape, requires_grad=True, device=device)
+    rho = torch.full(shape, -2.0, requires_grad=True, device=device)
+    if device.type == "cpu":
+        normal_prior = torch.distributions.Normal(0.0, 1.0)
+        mixture = ScaleMixtureNormal(0.5, 1.0, 1e-3)
+    else:
+        normal_prior = torch.distributions.Normal(*torch.tensor([0.0, 1.0], device=device))
+        mixture = ScaleMixtureNormal(*torch.tensor([0.5, 1.0, 1e-3], device=device))
+
+    def synced(call):
+        if device.type != "cuda":
+            return call
+
+        def run():
+            call()
+            torch.cuda.synchronize(device)
+        return run
 
     def kl(q_type, prior, method):
         def call():
             loc.grad = rho.grad = None
             q = q_type(loc, torch.nn.functional.softplus(rho))
             mg.kl_divergence(q, prior, M, seed=0, method=method).sum().backward()
-        return call
+        return synced(call)
 
     return {"fused-scale-mixture": kl(torch.distributions.Normal, mixture, "fused"),
-            "randn(M, P)": lambda: torch.randn(M, P),
+            "randn(M, P)": synced(lambda: torch.randn(M, P, device=device)),
             "normal-monte-carlo": kl(torch.distributions.Normal, normal_prior, "monte-carlo"),
             "radial-monte-carlo": kl(Radial, normal_prior, "monte-carlo")}
 
 
-def measure(P: int, M: int, threads: int, reps: int) -> dict:
+def measure(P: int, M: int, threads: int, reps: int, device="cpu") -> dict:
     torch.set_num_threads(threads)
-    calls = cases(P, M)
+    calls = cases(P, M, device)
     for f in calls.values():  # warm-up: builds, plan cache, allocator
         f()
     rows = {name: {"wall": [], "cpu": [], "sys": []} for name in calls}
@@ -73,7 +90,7 @@ def measure(P: int, M: int, threads: int, reps: int) -> dict:
             "fused_over_randn": med["fused-scale-mixture"]["wall"] / med["randn(M, P)"]["wall"],
             "radial_over_normal": med["radial-monte-carlo"]["wall"] / med["normal-monte-carlo"]["wall"],
             "radial_sys_share": med["radial-monte-carlo"]["sys"] / max(med["radial-monte-carlo"]["cpu"], 1e-9),
-            "torch": torch.__version__}
+            "torch": torch.__version__, **({} if torch.device(device).type == "cpu" else {"device": str(device)})}
 
 
 def main(argv=None) -> None:
@@ -82,10 +99,13 @@ def main(argv=None) -> None:
     ap.add_argument("--M", type=int, default=100)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the parameters live")
     ap.add_argument("--out", default=None, help="append one JSON line per thread count")
     args = ap.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch.cuda.is_available() is False")
     for threads in args.threads:
-        row = measure(args.P, args.M, threads, args.reps)
+        row = measure(args.P, args.M, threads, args.reps, args.device)
         med = row["median_s"]
         print(f"P = {args.P}, M = {args.M}, {threads} thread(s), load {row['load']:.2f}:")
         for name, m in med.items():

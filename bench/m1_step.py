@@ -23,6 +23,9 @@ Modes (all in one run by default):
 
 The machine may be shared with other jobs: every ratio is measured side by side in one run.
 
+``--device cuda`` puts both models and the batch on the GPU; every timed step is synchronised before the
+clock stops, and the profile records the CUDA kernels too.
+
 Usage::
 
     python -m bench.m1_step                    # all modes, prints a table
@@ -50,11 +53,18 @@ BATCH, DATASET = 32, 60_000
 RHO_INIT = -3.0
 PROVIDERS = ("bayesian-torch", "mcgraph")
 TARGET_INTERLEAVED, TARGET_FRESH = 1.15, 1.3
+DEVICE = torch.device("cpu")  # where the models and the batch live (--device)
 
 
 def _data():
     g = torch.Generator().manual_seed(0)
-    return torch.randn(BATCH, SIZES[0], generator=g), torch.randint(0, SIZES[-1], (BATCH,), generator=g)
+    x, y = torch.randn(BATCH, SIZES[0], generator=g), torch.randint(0, SIZES[-1], (BATCH,), generator=g)
+    return x.to(DEVICE), y.to(DEVICE)
+
+
+def _sync() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
 
 
 def _peer_model():
@@ -71,7 +81,7 @@ def _peer_model():
     model = torch.nn.Sequential(*layers)
     dnn_to_bnn(model, {"prior_mu": 0.0, "prior_sigma": 1.0, "posterior_mu_init": 0.0, "posterior_rho_init": RHO_INIT,
                        "type": "Reparameterization", "moped_enable": False})
-    return model
+    return model.to(DEVICE)
 
 
 def build(provider: str):
@@ -103,6 +113,7 @@ def step(built, x, y, optimizer_step: bool = True) -> None:
     loss_fn(model, x, y).backward()
     if optimizer_step:
         opt.step()
+    _sync()
 
 
 def interleaved(threads: int, reps: int, warmup: int = 3) -> dict:
@@ -118,6 +129,7 @@ def interleaved(threads: int, reps: int, warmup: int = 3) -> dict:
         for i in range(reps):
             order = PROVIDERS if i % 2 == 0 else PROVIDERS[::-1]
             for p in order:
+                _sync()
                 t0 = time.perf_counter()
                 step(built[p], x, y, with_opt)
                 times[p].append(time.perf_counter() - t0)
@@ -149,11 +161,11 @@ def _child(provider: str, steps: int) -> None:
 
 def fresh(runs: int, steps: int, threads: int) -> dict:
     rows = {p: [] for p in PROVIDERS}
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env = child_env(OMP_NUM_THREADS=str(threads))
     for i in range(runs):
         for p in (PROVIDERS if i % 2 == 0 else PROVIDERS[::-1]):
-            r = subprocess.run([sys.executable, "-m", "bench.m1_step", "--child", p, "--fresh-steps", str(steps)], env=child_env(),
-                               capture_output=True, text=True, env=env, check=True)
+            r = subprocess.run([sys.executable, "-m", "bench.m1_step", "--child", p, "--fresh-steps", str(steps),
+                                "--device", DEVICE.type], capture_output=True, text=True, env=env, check=True)
             rows[p].append(json.loads(r.stdout.strip().splitlines()[-1]))
 
     def med(p, f):
@@ -177,11 +189,12 @@ def profile(steps: int = 20) -> dict:
 
     x, y = _data()
     out = {}
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE.type == "cuda" else [])
     for p in PROVIDERS:
         built = build(p)
         for _ in range(3):
             step(built, x, y)
-        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        with torch_profile(activities=activities) as prof:
             for _ in range(steps):
                 step(built, x, y)
         events = prof.key_averages()
@@ -206,12 +219,18 @@ def main(argv=None) -> int:
     ap.add_argument("--fresh-runs", type=int, default=3)
     ap.add_argument("--fresh-steps", type=int, default=10)
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the models and batch live")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    global DEVICE
+    DEVICE = torch.device(args.device)
+    if DEVICE.type == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch.cuda.is_available() is False")
     if args.child:
         _child(args.child, args.fresh_steps)
         return 0
-    results = {"torch": torch.__version__, "cpus": os.cpu_count()}
+    results = {"torch": torch.__version__, "cpus": os.cpu_count(), **({} if DEVICE.type == "cpu" else
+                                                                        {"device": DEVICE.type})}
     if "interleaved" in args.modes:
         for t in args.threads:
             r = interleaved(t, args.reps)

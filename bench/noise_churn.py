@@ -14,6 +14,9 @@ num_samples=8, dataset_size=50_000)`` forward + backward on a batch of 32 3×32�
 seconds (``getrusage`` deltas of the call), minor page faults and the process's peak RSS. The best
 (lowest wall) of the repeats is kept. System time well above a few percent of user time means
 allocation / page-fault churn. Rows go to ``<out>/noise_churn.json``.
+
+``--device cuda`` puts the network and the batch on the GPU (the call synchronised before the clock stops;
+the rows then carry ``device``): the wall time is the GPU's, the CPU times are the host's launch work.
 """
 
 from __future__ import annotations
@@ -42,8 +45,12 @@ def child(args) -> None:
     net = mg.models.get_model(args.model, num_classes=10, in_channels=3)  # the 3×32×32 batch below
     net = mg.nn.bayesify(net, posterior=args.posterior, prior="normal", kl_samples=args.num_samples,
                          inplace=True)
+    device = torch.device(args.device)
+    net = net.to(device)
     params = [p for p in net.parameters() if p.requires_grad]
-    x, y = torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
+    x, y = torch.randn(32, 3, 32, 32).to(device), torch.randint(0, 10, (32,)).to(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     if args.workload == "elbo":
         kl = -mg.nn.elbo(net, x, y, num_samples=8, dataset_size=50_000, seed=args.seed,
@@ -51,14 +58,17 @@ def child(args) -> None:
     else:  # sampled: Radial and Normal posteriors have a closed-form KL to a Normal prior (the default)
         kl = mg.nn.kl(net, args.num_samples, seed=args.seed, method="monte-carlo")
     kl.backward()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     wall, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+    where = {} if device.type == "cpu" else {"device": device.type}
     print(json.dumps({
         "workload": args.workload, "model": args.model, "posterior": args.posterior,
         "num_samples": args.num_samples, "src": args.src,
         "mcgraph": mg.__file__, "threads": args.threads, "params": sum(p.numel() for p in params),
         "wall_s": wall, "user_s": r1.ru_utime - r0.ru_utime, "sys_s": r1.ru_stime - r0.ru_stime,
         "minflt": r1.ru_minflt - r0.ru_minflt, "peak_rss_mb": r1.ru_maxrss / 1024, "kl": float(kl.detach()),
-        "load": os.getloadavg()[0],
+        "load": os.getloadavg()[0], **where,
     }))
 
 
@@ -72,6 +82,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the network and batch live")
     ap.add_argument("--out", default=None)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--posterior", help=argparse.SUPPRESS)
@@ -85,7 +96,7 @@ def main() -> None:
                 cmd = [sys.executable, __file__, "--child", "--workload", args.workload,
                        "--model", args.model, "--posterior", post,
                        "--num-samples", str(args.num_samples), "--src", str(Path(src).resolve()),
-                       "--threads", str(args.threads), "--seed", str(args.seed)]
+                       "--threads", str(args.threads), "--seed", str(args.seed), "--device", args.device]
                 env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
                 out = subprocess.run(cmd, capture_output=True, text=True, env=env)
                 if out.returncode:

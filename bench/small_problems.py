@@ -26,9 +26,13 @@ The machine may be shared with other jobs: every ratio is measured side by side 
 (the two providers alternate, repeat by repeat), and by default on the calling thread's CPU clock
 (one torch thread), so time spent descheduled is not counted.
 
+``--device cuda`` puts every tensor, model and prior parameter on the GPU; the clock is then the wall clock
+with the device synchronised at each reading (the fixed cost of a call there is its launches).
+
 Usage::
 
     python -m bench.small_problems [--reps 200] [--threads 1] [--json out.json]
+    python -m bench.small_problems --device cuda --rows kl expectation elbo
 """
 
 from __future__ import annotations
@@ -56,6 +60,20 @@ PS = (5, 100, 10_000)
 #: the wait (one torch thread: the forward and the CPU backward run on the calling thread);
 #: ``--clock wall`` for ``time.perf_counter``.
 CLOCK = time.thread_time
+#: Where the tensors, models and priors live (``--device``).
+DEVICE = torch.device("cpu")
+
+
+def synchronized_wall() -> float:
+    """``time.perf_counter`` after the CUDA device has finished its queued work (the clock of ``--device cuda``)."""
+    torch.cuda.synchronize(DEVICE)
+    return time.perf_counter()
+
+
+def _p(*values):
+    """Distribution parameters: the floats themselves on the CPU (as the rows were measured), tensors on the device
+    elsewhere."""
+    return values if DEVICE.type == "cpu" else tuple(torch.tensor(values, device=DEVICE))
 
 
 def _interleave(a, b, reps: int, warmup: int = 10) -> tuple[float, float]:
@@ -78,16 +96,16 @@ def _reps(P: int, reps: int) -> tuple[int, int]:
 
 def _posterior(P: int):
     g = torch.Generator().manual_seed(0)
-    mu = (0.1 * torch.randn(P, generator=g)).requires_grad_()
-    rho = torch.full((P,), -3.0).requires_grad_()
+    mu = (0.1 * torch.randn(P, generator=g)).to(DEVICE).requires_grad_()
+    rho = torch.full((P,), -3.0, device=DEVICE).requires_grad_()
     return mu, rho
 
 
 def kl_rows(reps: int) -> list[dict]:
     rows = []
-    priors = {"scale-mixture": (lambda: mg.distributions.ScaleMixtureNormal(0.5, 1.0, 0.002), "auto"),
-              "laplace (monte-carlo)": (lambda: D.Laplace(0.0, 1.0), "monte-carlo"),
-              "laplace (auto: closed form)": (lambda: D.Laplace(0.0, 1.0), "auto")}
+    priors = {"scale-mixture": (lambda: mg.distributions.ScaleMixtureNormal(*_p(0.5, 1.0, 0.002)), "auto"),
+              "laplace (monte-carlo)": (lambda: D.Laplace(*_p(0.0, 1.0)), "monte-carlo"),
+              "laplace (auto: closed form)": (lambda: D.Laplace(*_p(0.0, 1.0)), "auto")}
     for P in PS:
         mu, rho = _posterior(P)
         for name, (make_p, method) in priors.items():
@@ -141,10 +159,12 @@ def elbo_rows(reps: int) -> list[dict]:
 
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(BATCH, SIZES[0], generator=g), torch.randint(0, SIZES[-1], (BATCH,), generator=g)
-    ours_net = mg.nn.bayesify(_mlp(), posterior="normal", prior="normal", rho_init=-3.0)
+    x, y = x.to(DEVICE), y.to(DEVICE)
+    ours_net = mg.nn.bayesify(_mlp(), posterior="normal", prior="normal", rho_init=-3.0).to(DEVICE)
     peer = _mlp()
     dnn_to_bnn(peer, {"prior_mu": 0.0, "prior_sigma": 1.0, "posterior_mu_init": 0.0, "posterior_rho_init": -3.0,
                       "type": "Reparameterization", "moped_enable": False})
+    peer = peer.to(DEVICE)
     opt_a = torch.optim.Adam(ours_net.parameters(), lr=1e-3)
     opt_b = torch.optim.Adam(peer.parameters(), lr=1e-3)
 
@@ -173,7 +193,7 @@ def pyro_rows(reps: int) -> list[dict]:
 
     sites, width = 20, 5
     g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(16, width, generator=g), torch.randn(16, generator=g)
+    x, y = torch.randn(16, width, generator=g).to(DEVICE), torch.randn(16, generator=g).to(DEVICE)
 
     def model_of(prior, tag):
         def model(x, y):
@@ -181,7 +201,7 @@ def pyro_rows(reps: int) -> list[dict]:
             for s in range(sites):
                 w = pyro.sample(f"{tag}{s}", prior().expand([width]).to_event(1))
                 out = out + x @ w
-            pyro.sample(f"{tag}y", dist.Normal(out, 1.0).to_event(1), obs=y)
+            pyro.sample(f"{tag}y", dist.Normal(out, *_p(1.0)).to_event(1), obs=y)
         return model
 
     def svi_of(prior, loss, tag):  # site names apart: both models share Pyro's global param store
@@ -194,8 +214,8 @@ def pyro_rows(reps: int) -> list[dict]:
     pyro.clear_param_store()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ours = svi_of(lambda: dist.StudentT(3.0, 0.0, 1.0), MeanFieldELBO(kl_samples=100), "t")
-        theirs = svi_of(lambda: dist.Normal(0.0, 1.0), TraceMeanField_ELBO(), "n")
+        ours = svi_of(lambda: dist.StudentT(*_p(3.0, 0.0, 1.0)), MeanFieldELBO(kl_samples=100), "t")
+        theirs = svi_of(lambda: dist.Normal(*_p(0.0, 1.0)), TraceMeanField_ELBO(), "n")
         a, b = _interleave(ours, theirs, max(20, reps // 4))
     return [{"row": "pyro", "case": "20 sites x 5 weights, Student-t (MeanFieldELBO, M=100) vs Normal "
              "(TraceMeanField_ELBO)", "mcgraph_us": a * 1e6, "torch_us": b * 1e6, "ratio": a / b, "target": 2.0,
@@ -210,10 +230,17 @@ def main(argv=None) -> int:
                     choices=["kl", "expectation", "elbo", "pyro"])
     ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
                     help="cpu: this thread's CPU time (default; needs --threads 1), wall: perf_counter")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="where tensors, models and priors live (cuda: the synchronised wall clock)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    global CLOCK
-    if args.clock == "wall" or args.threads != 1:
+    global CLOCK, DEVICE
+    DEVICE = torch.device(args.device)
+    if DEVICE.type == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch.cuda.is_available() is False")
+    if DEVICE.type == "cuda":
+        CLOCK = synchronized_wall
+    elif args.clock == "wall" or args.threads != 1:
         CLOCK = time.perf_counter
     torch.set_num_threads(args.threads)
     makers = {"kl": kl_rows, "expectation": expectation_rows, "elbo": elbo_rows, "pyro": pyro_rows}
@@ -231,7 +258,8 @@ def main(argv=None) -> int:
                   f"{r['ratio']:6.2f}x {target:>8s}", flush=True)
         rows += new
     if args.json:
-        meta = {"threads": args.threads, "reps": args.reps, "clock": CLOCK.__name__, "torch": torch.__version__}
+        meta = {"threads": args.threads, "reps": args.reps, "clock": CLOCK.__name__, "torch": torch.__version__,
+                **({} if DEVICE.type == "cpu" else {"device": DEVICE.type})}
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
     return 0

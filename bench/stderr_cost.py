@@ -14,6 +14,9 @@ Each repeat runs the two variants back to back (forward + backward), alternating
 first; the median of the per-repeat times and their ratio are reported. Rows go to ``--out``
 (JSON lines: case, P, M, seconds_plain, seconds_stderr, ratio, torch, commit).
 
+``--device cuda`` puts the parameters on the GPU (each call synchronised before the clock stops; the rows
+then carry ``device``).
+
 Usage (from the repository root; ``PYTHONPATH=.`` makes the checkout's ``mcgraph`` the one imported)::
 
     python -m bench.stderr_cost --params 100000 --samples 1000 --repeats 9 \
@@ -35,13 +38,16 @@ from bench.harness.records import git_commit
 
 
 
-def cases(P: int):
+def cases(P: int, device="cpu"):
+    device = torch.device(device)
+
     def normal():
-        mu = torch.randn(P, requires_grad=True)
-        rho = torch.full((P,), -3.0, requires_grad=True)
+        mu = torch.randn(P).to(device).requires_grad_()
+        rho = torch.full((P,), -3.0, device=device, requires_grad=True)
         return torch.distributions.Normal(mu, torch.nn.functional.softplus(rho)), (mu, rho)
 
-    prior = torch.distributions.Normal(0.0, 1.0)
+    prior = torch.distributions.Normal(0.0, 1.0) if device.type == "cpu" else \
+        torch.distributions.Normal(*torch.tensor([0.0, 1.0], device=device))
     rows = max(1, P // 16)
     return {
         "collapsed-kl": (lambda q, M, s, e: mg.kl_divergence(q, prior, M, seed=s, method="monte-carlo",
@@ -63,6 +69,8 @@ def _once(call, make, M: int, seed: int, stderr: bool) -> float:
     out = call(q, M, seed, stderr)
     value = out.value if stderr else out
     value.sum().backward()
+    if value.device.type == "cuda":
+        torch.cuda.synchronize(value.device)
     return time.perf_counter() - t0
 
 
@@ -73,14 +81,17 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--cases", nargs="+", default=None, help="subset of the cases")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the parameters live")
     p.add_argument("--out", default=None, help="append JSON lines here")
     args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch.cuda.is_available() is False")
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     commit = git_commit()
     table = []
-    for name, (call, make) in cases(args.params).items():
+    for name, (call, make) in cases(args.params, args.device).items():
         if args.cases and name not in args.cases:
             continue
         for M in args.samples:
@@ -92,7 +103,8 @@ def main(argv=None) -> int:
                     (with_se if e else plain).append(_once(call, make, M, r, e))
             row = {"case": name, "P": args.params, "M": M, "seconds_plain": statistics.median(plain),
                    "seconds_stderr": statistics.median(with_se), "repeats": args.repeats,
-                   "threads": torch.get_num_threads(), "torch": torch.__version__, "commit": commit}
+                   "threads": torch.get_num_threads(), "torch": torch.__version__, "commit": commit,
+                   **({} if args.device == "cpu" else {"device": args.device})}
             row["ratio"] = row["seconds_stderr"] / row["seconds_plain"]
             table.append(row)
             print(f"{name:16s} P={args.params:>9,} M={M:>6}: {row['seconds_plain']:.4f} s -> "
