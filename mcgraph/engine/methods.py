@@ -58,7 +58,7 @@ class Method(str, enum.Enum):
         return self.value
 
 
-#: What ``mg.expectation`` and ``mg.kl_divergence`` take.
+#: What ``mg.expectation`` takes (every method but ``closed-form``, which only a KL has).
 ENGINE_METHODS = tuple(m for m in Method if m is not Method.CLOSED_FORM)
 #: What the KL functions take (``mg.kl_divergence``, ``mg.nn.kl``, ``mcgraph.interop.kl``): ``auto`` is
 #: exact where exact exists there (see the table above).

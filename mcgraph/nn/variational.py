@@ -385,62 +385,38 @@ def elbo(model: nn.Module, x, y: torch.Tensor | None = None, *, num_samples: int
     """Per-example ELBO of a minibatch, differentiable, memory bounded by a chunk of samples.
 
     .. math::
-        \\mathcal L = \\frac1B\\sum_b \\frac1M\\sum_{i=1}^M \\log p(y_b \\mid x_b, W_i)
-                     - \\beta \\frac{KL(q\\|p)}{N}
+        \mathcal L = \frac1B\sum_b \frac1M\sum_{i=1}^M \log p(y_b \mid x_b, W_i)
+                     - \beta \frac{KL(q\|p)}{N}
 
-    The data term averages ``num_samples`` samples of the whole network (every
-    Bayesian layer resampled), ``chunk_size`` at a time (a chunk is the batch
-    repeated; see :class:`WholeNetworkMC`). The KL is :func:`mcgraph.nn.kl` (a sum over
-    weights, each layer with its prior, ``kl_samples`` samples through the engine),
-    divided by the dataset size N and weighted by β = ``kl_weight``
-    (:class:`KLSchedule` gives warm-up and Blundell's weights). Minimise ``-elbo(...)``.
+    The data term averages M samples of the whole network (every Bayesian layer resampled), a
+    chunk of samples at a time (:class:`WholeNetworkMC`); the KL is :func:`mcgraph.nn.kl`, divided
+    by N and weighted by β. Minimise ``-elbo(...)``. The same ``seed`` gives the same value and
+    gradients for any chunking and method. Language models, process groups and the options of
+    ``mg.Sampling`` are described in the docs (``docs/layers-and-models.md``, ``docs/pretrained.md``,
+    ``docs/distributed.md``).
 
     Args:
         model: the network (Bayesian layers anywhere; BatchNorm and biases deterministic).
-        x: input batch ``(B, …)``, or a mapping of the model's keyword inputs (called as
-            ``model(**x)``; a ``labels`` entry is taken as ``y``). The model may return a
-            transformers ``ModelOutput``: its ``.logits`` are scored.
-        y: targets: class indices ``(B,)`` (categorical), values (gaussian) or a causal LM's
-            labels ``(B, T)`` (token_categorical); ``None`` when ``x`` holds ``labels``.
-        num_samples: M ≥ 1 whole-network samples of the data term, or a :class:`~mcgraph.Sampling`
-            with M and how to draw them: ``method`` ``"chunked"`` (default for M ≥ 2, bounded memory)
-            or ``"direct"`` (every sample in one graph; the default for M = 1, a plain torch step's
-            graph); ``chunk_size`` (default: from the device's memory budget,
-            :mod:`mcgraph.engine.budget`: the first sample's saved bytes, weight samples and activations,
-            size the chunks of the rest); ``vectorize`` (a chunk's samples in one forward;
-            default unless a BatchNorm uses batch statistics, see :func:`~mcgraph.nn.can_vectorize`);
-            ``process_group`` (ranks holding the same batch split the M samples of both terms, see
-            :mod:`mcgraph.engine.distributed`; every rank gets the full value and gradients; needs an
-            explicit ``seed``, the same on every rank).
+        x: input batch ``(B, …)``, or a mapping of the model's keyword inputs (``model(**x)``; a
+            ``labels`` entry is taken as ``y``); a transformers ``ModelOutput``'s ``.logits`` are scored.
+        y: class indices ``(B,)`` (categorical), values (gaussian) or a causal LM's labels ``(B, T)``
+            (token_categorical); ``None`` when ``x`` holds ``labels``.
+        num_samples: M ≥ 1, or a :class:`~mcgraph.Sampling` (``method`` ``"chunked"``, the default from
+            M = 2, or ``"direct"``; ``chunk_size``, by default from the device's memory budget;
+            ``vectorize``; ``process_group``, which needs an explicit ``seed``).
         dataset_size: N, the number of training examples (at least the batch size).
-        kl_samples: M of the KL for every layer (default: each layer's ``kl_samples``), or a
-            :class:`~mcgraph.Sampling` with the KL's ``method`` (``"auto"``: exact where exact
-            exists, the M unused then; ``"monte-carlo"``: sampled; ``"collapsed-exact"``, …) and
-            ``process_group``. Under ``DistributedDataParallel`` over
-            the same ranks (each rank its own batch), pass ``kl_samples=mg.Sampling(M,
-            process_group=group)`` and a plain ``num_samples``: every rank gets the full KL and its
-            full gradient, and DDP's gradient average keeps it counted once.
-        seed: noise seed (``None``: drawn from the global generator). The same seed gives
-            the same value and gradients for any ``chunk_size`` and ``method``.
-        kl_weight: β ≥ 0 (finite).
+        kl_samples: the KL's M for every layer (default: each layer's ``kl_samples``), or a
+            :class:`~mcgraph.Sampling` with the KL's ``method`` and ``process_group``.
+        seed: noise seed (``None``: drawn from the global generator).
+        kl_weight: β ≥ 0 (finite); :class:`KLSchedule` gives warm-up and Blundell's weights.
         likelihood: ``"categorical"``, ``"gaussian"``, ``"token_categorical"`` or a callable
-            ``(output, target) -> (N,)``; an ``nn.Module`` callable's parameters get gradients with the
-            model's (a tensor that requires grad and is none of the model's or the likelihood's
-            parameters, ``x``, ``y`` or ``noise_std`` is refused from M = 2 on, with advice).
+            ``(output, target) -> (N,)`` (an ``nn.Module``'s parameters get gradients with the model's).
         noise_std: τ of the Gaussian likelihood (a float, or a tensor, which may require grad).
-
-    **Causal language models** (``likelihood="token_categorical"``, :func:`~mcgraph.nn.token_log_likelihood`):
-    ``x`` is ``{"input_ids", "attention_mask", "labels"}`` (a HuggingFace batch) or token ids with
-    ``y`` the labels. The labels are shifted inside as transformers' causal LMs do (``labels =
-    input_ids``); labels −100 and positions whose ``attention_mask`` is 0 count for nothing. The data
-    term is the mean over the B sequences of each sequence's summed token log-likelihood, so with
-    the posterior means (M = 1) it is ``−outputs.loss · n_tokens / B``, and ``dataset_size`` counts
-    sequences.
 
     Raises:
         ValueError: a model without Bayesian layers (``mg.nn.bayesify`` it first); ``x`` / ``y``
-            whose shapes do not fit the model (the message names them); ``dataset_size`` below
-            the batch size.
+            whose shapes or labels do not fit the model (the message names them); ``dataset_size``
+            below the batch size.
         TypeError: a model holding another library's unconverted Bayesian layers (the message
             names the converter).
 
