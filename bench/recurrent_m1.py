@@ -1,6 +1,6 @@
 """One forward + backward of ``mg.nn.BayesLSTM`` at M = 1 against ``nn.LSTM`` of the same size.
 
-Workload (issue 23): 2 layers, hidden 256, input 256, T = 64, batch 32, batch-first, float32 on
+Workload: 2 layers, hidden 256, input 256, T = 64, batch 32, batch-first, float32 on
 CPU; the loss is ``out.square().mean()`` of the whole output sequence, and the timed step is
 ``loss.backward()`` after the forward (gradients set to ``None`` between steps, outside the timer).
 The Bayesian layer draws one weight sample (mean-field Normal posterior, N(0, 1) prior) and runs

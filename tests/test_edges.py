@@ -1,7 +1,7 @@
 """The API's edges: no silent wrong answer, and every error names the argument the user wrote.
 
-Each test is one situation a new user met (issue "One surface"); each failed on the layout before
-``mcgraph.engine.checks`` and ``mcgraph.nn.model_checks``.
+Each test is one situation a new user meets; the checks live in ``mcgraph.engine.checks`` and
+``mcgraph.nn.model_checks``.
 """
 
 from __future__ import annotations
