@@ -306,6 +306,20 @@ def test_a_sampling_object_is_validated_when_made_and_refuses_a_second_value():
     assert mg.Sampling(4).replace(seed=3) == mg.Sampling(4, seed=3)
 
 
+def test_a_sampling_option_the_call_does_not_take_is_refused_not_ignored():
+    q = torch.distributions.Normal(torch.zeros(3), torch.ones(3))
+    with pytest.raises(TypeError, match="num_samples: this call does not use the Sampling's vectorize"):
+        mg.expectation(lambda w: w, q, mg.Sampling(4, vectorize=True))
+    net, (x, y) = _bnn(kl_samples=8), _batch()
+    with pytest.raises(TypeError, match="does not use the Sampling's chunk_size"):
+        mnn.kl(net, mg.Sampling(4, chunk_size=2))
+    with pytest.raises(TypeError, match="does not use the Sampling's method, return_stderr"):
+        mnn.predict(net, x, mg.Sampling(4, method="direct", return_stderr=True))
+    # the data term reads method, chunk_size, vectorize and process_group from its Sampling
+    mnn.elbo(net, x, y, num_samples=mg.Sampling(4, method="direct", chunk_size=2, vectorize=False),
+             dataset_size=100, seed=0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 @pytest.mark.parametrize("where", [0, 4097, -1])

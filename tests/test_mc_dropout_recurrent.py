@@ -95,12 +95,15 @@ def test_each_sample_is_torch_with_one_mask_per_sequence(cell):
 def test_dropout_is_off_in_eval_without_mc_dropout():
     net = _net().eval()
     x = _x()
-    plain = mg.nn.forward_samples(net, x, 3, seed=0)
-    assert torch.equal(plain[0], plain[1])  # torch's nn.LSTM in eval: no dropout
+    with torch.no_grad():
+        plain = net(x)
+        assert torch.equal(plain, net(x))  # torch's nn.LSTM in eval: no dropout
+    with pytest.raises(ValueError, match="draws no noise per sample"):
+        mg.nn.forward_samples(net, x, 3, seed=0)  # every sample would be the same network
     bayes = mg.nn.freeze(mg.nn.bayesify(_net(), kl_samples=1)).eval()
     assert isinstance(bayes.rnn, mg.nn.BayesLSTM) and not bayes.rnn.mc_dropout
     out = mg.nn.forward_samples(bayes, x, 3, seed=0)
-    torch.testing.assert_close(out[0], plain[0], rtol=1e-12, atol=1e-12)  # mean weights, no dropout
+    torch.testing.assert_close(out[0], plain, rtol=1e-12, atol=1e-12)  # mean weights, no dropout
     assert torch.equal(out[0], out[2])
     # MC dropout of the Bayesian model: its own recurrent dropout stays on in eval (mean weights here)
     mc = mg.nn.mc_dropout(bayes)

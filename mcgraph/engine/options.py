@@ -80,11 +80,18 @@ def resolve_sampling(num_samples, **given) -> tuple[Any, dict]:
 
     ``num_samples`` is an ``int`` (or ``None``) with the options as keywords, or a :class:`Sampling`;
     ``given`` maps each option the entry point has to ``(value, default)``. With a :class:`Sampling`,
-    an option also given as a non-default keyword is refused (one place for each option); an
-    option the :class:`Sampling` leaves at ``None`` / its default takes the keyword's value.
+    an option also given as a non-default keyword is refused (one place for each option), and so is an
+    option the entry point does not take (never silently ignored); an option the :class:`Sampling`
+    leaves at ``None`` / its default takes the keyword's value.
     """
     if not isinstance(num_samples, Sampling):
         return num_samples, {k: v for k, (v, _) in given.items()}
+    unused = [name for name, f in Sampling.__dataclass_fields__.items()
+              if name != "num_samples" and name not in given and getattr(num_samples, name) != f.default]
+    if unused:
+        raise TypeError(f"num_samples: this call does not use the Sampling's {', '.join(unused)} "
+                        f"(it takes {', '.join(sorted(given)) or 'only the number of samples'}); leave "
+                        f"{'them' if len(unused) > 1 else 'it'} unset")
     out = {}
     for name, (value, default) in given.items():
         bound = getattr(num_samples, name)

@@ -230,10 +230,14 @@ def expected_data_term(model: nn.Module, x, y: torch.Tensor | None = None, *, nu
     return _checked_data_term(model, x, y, num_samples, likelihood, noise_std, seed, return_stderr)
 
 
+#: The data term's options it reads from its Sampling itself (no keyword of their own).
+_READ_FROM_SAMPLING = {name: (None, None) for name in ("method", "chunk_size", "vectorize", "process_group")}
+
+
 def _checked_data_term(model, x, y, num_samples, likelihood, noise_std, seed, return_stderr):
     """:func:`expected_data_term` once ``model`` and the batch are checked."""
     s = _as_sampling(num_samples, "num_samples")
-    _, o = resolve_sampling(s, seed=(seed, None), return_stderr=(return_stderr, False))
+    _, o = resolve_sampling(s, seed=(seed, None), return_stderr=(return_stderr, False), **_READ_FROM_SAMPLING)
     seed = checks.seed("seed", o["seed"])
     with sharded(s.process_group, seed, s.num_samples) as (shard, seed):
         return _expected_data_term(model, x, y, s.num_samples, likelihood, noise_std, seed, s.chunk_size,
@@ -354,7 +358,7 @@ def elbo_terms(model: nn.Module, x, y: torch.Tensor | None = None, *, num_sample
     data, kl = _as_sampling(num_samples, "num_samples"), _as_sampling(kl_samples, "kl_samples")
     # the KL's samples are split by the data term's group unless the KL's own Sampling says otherwise
     kl_process_group = kl.process_group if isinstance(kl_samples, Sampling) else data.process_group
-    _, o = resolve_sampling(data, seed=(seed, None), return_stderr=(return_stderr, False))
+    _, o = resolve_sampling(data, seed=(seed, None), return_stderr=(return_stderr, False), **_READ_FROM_SAMPLING)
     seed, return_stderr, process_group = checks.seed("seed", o["seed"]), o["return_stderr"], data.process_group
     kl_samples = kl.num_samples
     if return_stderr:
@@ -382,7 +386,7 @@ def elbo_terms(model: nn.Module, x, y: torch.Tensor | None = None, *, num_sample
 def elbo(model: nn.Module, x, y: torch.Tensor | None = None, *, num_samples: int | Sampling, dataset_size: int,
          kl_samples: int | Sampling | None = None, seed: int | None = None, kl_weight: float = 1.0,
          likelihood="categorical", noise_std=1.0) -> torch.Tensor:
-    """Per-example ELBO of a minibatch, differentiable, memory bounded by a chunk of samples.
+    r"""Per-example ELBO of a minibatch, differentiable, memory bounded by a chunk of samples.
 
     .. math::
         \mathcal L = \frac1B\sum_b \frac1M\sum_{i=1}^M \log p(y_b \mid x_b, W_i)
