@@ -30,7 +30,13 @@ NUMERICS_TESTS := tests/test_fused_body.py tests/test_properties.py tests/test_p
 test-isa: $(STAMP)
 	@isa="$(ISA)"; [ -n "$$isa" ] || isa=$$($(PY) -c "import torch; print('avx2' if torch.backends.cpu.get_cpu_capability() == 'AVX512' else 'default')"); \
 	echo "numerics tests under ATEN_CPU_CAPABILITY=$$isa (the host's: $$($(PY) -c 'import torch; print(torch.backends.cpu.get_cpu_capability())'))"; \
-	ATEN_CPU_CAPABILITY=$$isa $(PY) -m pytest -q -p no:cacheprovider $(NUMERICS_TESTS)
+	ATEN_CPU_CAPABILITY=$$isa $(PY) -m pytest -q -p no:cacheprovider $(NUMERICS_TESTS) \
+		--deselect tests/test_fused_body.py::test_a_body_cached_under_another_cpu_capability_is_compiled_anew  # (it sets the ISA of its own subprocesses)
+
+# End-to-end runs in subprocesses (the wheel in a fresh venv, SIGKILLed trainings, the CLI, torchrun
+# launches, every paper table at --quick, the GPU check's smoke run): marked `integration`, left out of `make test`.
+test-integration: $(STAMP)
+	$(PY) -m pytest -q -m integration
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow

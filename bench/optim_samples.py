@@ -10,7 +10,7 @@ is its own:
   the K weight samples stacked and one ``vmap(grad(...))`` forward and backward;
 * ``ivon:sequential:K`` — K ``sampled_params(train=True)`` blocks, one forward and backward each
   (``K = 1`` is the plain IVON step);
-* ``vogn:sequential:K`` — ``VOGN.step(closure)`` with ``num_mc_samples=K``: one closure call per
+* ``vogn:sequential:K`` — ``VOGN.step(closure)`` with ``num_samples=K``: one closure call per
   sample, the per-example squared gradients recorded by module hooks;
 * ``vogn:batched:K`` — ``VOGN.step_samples(loss_fn, vectorize=True)``: the K weight samples stacked,
   one ``vmap(grad(...))`` forward and backward, the squared gradients from zero probes on the layers'
@@ -94,7 +94,7 @@ def stepper(point: str, seed: int = 0):
             F.cross_entropy(model(x), y).backward()
             opt.step()
     elif optimizer == "vogn":
-        opt = mg.optim.VOGN(model, elbo_peers.DATASET, num_mc_samples=k, seed=seed, init_precision=1.0)
+        opt = mg.optim.VOGN(model, elbo_peers.DATASET, num_samples=k, seed=seed, init_precision=1.0)
 
         def closure():
             loss = F.cross_entropy(model(x), y)

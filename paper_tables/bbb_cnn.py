@@ -59,7 +59,7 @@ def _model(arm: str, width: float, s: dict, ds, seed: int):
         return with_dropout(model, s["dropout"])
     if arm == "bbb":
         prior = functools.partial(mnn.PRIORS["normal"], scale=s["prior_scale"])
-        return mnn.bayesify(model, posterior="normal", prior=prior, local_reparameterization=True,
+        return mnn.bayesify(model, posterior="normal", prior=prior, estimator="local_reparameterization",
                             rho_init=s["rho_init"], scale_transform=mnn.softplus_beta(s["beta"]),
                             init_from_weights=False, inplace=True)
     return model

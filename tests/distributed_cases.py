@@ -205,7 +205,7 @@ def optim_cases(group, steps: int = 3) -> dict:
             torch.manual_seed(8)
             model = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.Tanh(),
                                         torch.nn.Linear(6, 3)).double()
-            opt = cls(model, 100, lr=0.05, num_mc_samples=3, seed=9,
+            opt = cls(model, 100, lr=0.05, num_samples=3, seed=9,
                       process_group=group, parallel=parallel)
             xs, ys = (x, y) if parallel == "samples" or group is None else (x[rank::world], y[rank::world])
 

@@ -387,7 +387,7 @@ def _optimizer_posterior(name: str) -> Case:
     if name == "ivon":
         opt = mg.optim.IVON(net, lr=0.05, ess=DATASET, mc_samples=2, seed=0)
     else:
-        opt = mg.optim.VOGN(net, DATASET, lr=0.05, num_mc_samples=2, seed=0)
+        opt = mg.optim.VOGN(net, DATASET, lr=0.05, num_samples=2, seed=0)
     loss = opt.step_samples(lambda: F.cross_entropy(net(x), y))
     assert loss.device == DEVICE and torch.isfinite(loss)
     _assert_state_on_device(opt)
@@ -537,7 +537,7 @@ def test_batched_optimizer_step_equals_sequential(name):
     if name == "ivon":
         opts = [mg.optim.IVON(n, lr=0.05, ess=DATASET, beta2=0.9, mc_samples=4, seed=1) for n in nets]
     else:
-        opts = [mg.optim.VOGN(n, DATASET, lr=0.05, num_mc_samples=4, seed=1) for n in nets]
+        opts = [mg.optim.VOGN(n, DATASET, lr=0.05, num_samples=4, seed=1) for n in nets]
     for _ in range(2):
         losses = [opt.step_samples(lambda net=net: F.cross_entropy(net(x), y), vectorize=v)
                   for opt, net, v in zip(opts, nets, (True, False))]

@@ -290,7 +290,7 @@ def test_a_sampling_object_carries_the_options_and_matches_the_keyword_call():
     assert torch.equal(e, mg.expectation(lambda w: w * w, q, 16, seed=1, chunk_size=4))
     net, (x, _) = _bnn(kl_samples=8), _batch()
     assert torch.equal(mnn.kl(net, mg.Sampling(seed=2)), mnn.kl(net, seed=2))
-    assert torch.equal(mnn.predict(net, x, mg.Sampling(8, seed=5, chunk_size=3)), mnn.predict(net, x, 8, 3, seed=5))
+    assert torch.equal(mnn.predict(net, x, mg.Sampling(8, seed=5, chunk_size=3)), mnn.predict(net, x, 8, chunk_size=3, seed=5))
 
 
 def test_a_sampling_object_is_validated_when_made_and_refuses_a_second_value():
@@ -401,3 +401,57 @@ def test_priors_take_the_posteriors_aliases():
     b.load_state_dict(a.state_dict())
     torch.testing.assert_close(mnn.kl(a), mnn.kl(b))
     assert set(mnn.POSTERIORS) & {"normal", "gaussian", "laplace"} <= set(mnn.PRIORS)
+
+
+def _public_callables():
+    """Every public function (and Bayesian layer method) of mg, mg.nn and mg.interop.* taking ``num_samples``."""
+    import importlib
+    import inspect
+
+    modules = [mg, mnn, mg.interop] + [importlib.import_module(f"mcgraph.interop.{n}")
+                                       for n in ("bayesian_torch", "blitz", "torchbnn", "torch_uncertainty")]
+    found = {}
+    for module in modules:
+        for name in getattr(module, "__all__", ()):
+            obj = getattr(module, name, None)
+            if inspect.isfunction(obj) and "num_samples" in inspect.signature(obj).parameters:
+                found[f"{module.__name__}.{name}"] = obj
+    found["mcgraph.nn.BayesLayer.kl"] = mnn.BayesLayer.kl
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(_public_callables()))
+def test_every_public_call_with_a_sample_count_takes_a_sampling(name):
+    import inspect
+    import typing
+
+    fn = _public_callables()[name]
+    annotation = inspect.signature(fn).parameters["num_samples"].annotation
+    assert "Sampling" in str(annotation), f"{name}: num_samples is annotated {annotation!r}"
+    hints = typing.get_type_hints(fn)
+    assert mg.Sampling in typing.get_args(hints["num_samples"])
+
+
+def test_a_sampling_gives_the_keyword_call_s_numbers_everywhere():
+    net, (x, y) = _bnn(kl_samples=8), _batch()
+    s = mg.Sampling(6, seed=4, chunk_size=4)
+    assert torch.equal(mnn.forward_samples(net, x, s), mnn.forward_samples(net, x, 6, seed=4, chunk_size=4))
+    m, sd = torch.randn(5, 3), torch.rand(5, 3) + 0.1
+    t = torch.tensor([0, 1, 2, 0, 1])
+    assert torch.equal(mnn.softmax_cross_entropy_mc(m, sd, t, s), mnn.softmax_cross_entropy_mc(m, sd, t, 6, seed=4,
+                                                                                                  chunk_size=4))
+    head = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), mnn.BayesLinear(8, 3, estimator="local_reparameterization"))
+    assert torch.equal(mnn.expected_log_likelihood(head, x, y, num_samples=s),
+                       mnn.expected_log_likelihood(head, x, y, num_samples=6, seed=4, chunk_size=4))
+    layer = mnn.BayesLinear(4, 3, posterior="radial", kl_samples=5)
+    k = mg.Sampling(7, seed=2, method="monte-carlo")
+    assert torch.equal(layer.kl(k), layer.kl(7, seed=2, method="monte-carlo"))
+    assert torch.equal(layer.kl(mg.Sampling(seed=2)), layer.kl(seed=2))  # M from the layer's kl_samples
+    q, p = layer.posterior, layer.prior
+    assert torch.equal(mnn.divergence(q, p, k), mnn.divergence(q, p, 7, seed=2, method="monte-carlo"))
+    with pytest.raises(TypeError, match="seed: given both in the Sampling"):
+        mnn.forward_samples(net, x, s, seed=1)
+    with pytest.raises(TypeError, match="does not use the Sampling's vectorize"):
+        mnn.softmax_cross_entropy_mc(m, sd, t, mg.Sampling(6, vectorize=True))
+    with pytest.raises(TypeError, match="positional"):
+        mnn.predict(net, x, 8, 3)  # chunk_size is keyword-only

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = {"kernel_tests", "families", "kernels", "resnet18_step", "peer_mlp", "sequence", "lora", "predict_overhead",
             "ivon_speed", "optim_samples"}

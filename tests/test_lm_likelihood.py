@@ -215,7 +215,7 @@ def test_predict_left_padding_and_a_plain_logits_model():
 
 
 def test_predict_with_a_bayesian_lm_head_runs_the_trunk_once():
-    model = mg.nn.last_layer(_gpt2(), local_reparameterization=False, rho_init=-2.0)
+    model = mg.nn.last_layer(_gpt2(), estimator="reparameterization", rho_init=-2.0)
     ids, mask, _ = _batch()
     x = {"input_ids": ids, "attention_mask": mask}
     once = mg.nn.predict(model, x, 8, seed=2, likelihood=TOKEN)

@@ -93,7 +93,7 @@ def test_estimators_shapes_and_chunk_invariance(kind, option):
 
 def test_grouped_conv_and_padding_mode():
     torch.manual_seed(0)
-    conv = mnn.BayesConv2d(4, 6, 3, padding=1, groups=2, padding_mode="circular", flipout=True)
+    conv = mnn.BayesConv2d(4, 6, 3, padding=1, groups=2, padding_mode="circular", estimator="flipout")
     x = torch.randn(2, 4, 5, 5)
     assert conv(x).shape == (2, 6, 5, 5)
     a = mnn.forward_samples(conv, x, 4, seed=0)
@@ -375,10 +375,15 @@ def test_bad_arguments_raise_named_errors():
     with pytest.raises(ValueError, match="kl_samples"):
         mnn.BayesLinear(2, 2, kl_samples=0)
     with pytest.raises(ValueError, match="local_reparameterization"):
-        mnn.BayesLinear(2, 2, posterior="radial", local_reparameterization=True)
-    with pytest.raises(ValueError, match="flipout"):
-        mnn.BayesLinear(2, 2, posterior="lognormal", flipout=True)
-    with pytest.raises(ValueError, match="at most one"):
+        mnn.BayesLinear(2, 2, posterior="radial", estimator="local_reparameterization")
+    with pytest.raises(ValueError, match="estimator='flipout' requires a location-scale posterior"):
+        mnn.BayesLinear(2, 2, posterior="lognormal", estimator="flipout")
+    with pytest.raises(ValueError, match=r"estimator must be one of \['reparameterization', 'local_reparameterization', "
+                                         r"'flipout'\] or None, got 'local'"):
+        mnn.BayesLinear(2, 2, estimator="local")
+    with pytest.raises(TypeError, match="give estimator= alone"):
+        mnn.BayesLinear(2, 2, flipout=True, estimator="local_reparameterization")
+    with pytest.warns(DeprecationWarning, match="use estimator="), pytest.raises(ValueError, match="at most one"):
         mnn.BayesLinear(2, 2, flipout=True, local_reparameterization=True)
     with pytest.raises(ValueError, match="prior"):
         mnn.BayesLinear(2, 2, prior=Normal(torch.zeros(5), 1.0))
@@ -424,7 +429,7 @@ def test_elbo_chunked_equals_direct(posterior, option):
     net = mnn.bayesify(small_cnn(), posterior=posterior, prior="scale_mixture", kl_samples=30, rho_init=-2.0, **opts)
     x, y = torch.randn(4, 1, 8, 8), torch.randint(0, 3, (4,))
     results = []
-    for method, chunk in [("direct", 5), ("chunked", 2), ("chunked", 5), ("chunked", 1)]:
+    for method, chunk in [("direct", 5), ("accumulated", 2), ("accumulated", 5), ("accumulated", 1)]:
         net.zero_grad()
         value = mnn.elbo(net, x, y, num_samples=mg.Sampling(5, method=method, chunk_size=chunk), dataset_size=50, seed=9)
         value.backward()
@@ -440,7 +445,7 @@ def test_elbo_graph_does_not_grow_with_samples():
     net = mnn.bayesify(nn.Sequential(nn.Linear(20, 30), nn.ReLU(), nn.Linear(30, 4)), posterior="radial")
     x, y = torch.randn(8, 20), torch.randint(0, 4, (8,))
 
-    def size(M, method="chunked"):
+    def size(M, method="accumulated"):
         return mg.graph_size(mnn.elbo(net, x, y, num_samples=mg.Sampling(M, method=method, chunk_size=4), dataset_size=100, kl_samples=M, seed=0))
 
     one, many = size(1), size(64)
@@ -449,7 +454,7 @@ def test_elbo_graph_does_not_grow_with_samples():
 
 
 def test_elbo_at_one_sample_is_the_plain_one_sample_graph():
-    # M = 1 has nothing to accumulate: the default is the direct graph (a plain torch step's), M >= 2 chunked
+    # M = 1 has nothing to accumulate: the default is the direct graph (a plain torch step's), M >= 2 accumulated
     torch.manual_seed(0)
     net = mnn.bayesify(nn.Sequential(nn.Linear(20, 30), nn.ReLU(), nn.Linear(30, 4)), posterior="radial")
     x, y = torch.randn(8, 20), torch.randint(0, 4, (8,))
@@ -458,11 +463,14 @@ def test_elbo_at_one_sample_is_the_plain_one_sample_graph():
         loss = -mnn.elbo(net, x, y, num_samples=mg.Sampling(M, method=method), dataset_size=100, seed=3)
         return loss, mg.graph_size(loss), torch.autograd.grad(loss, list(net.parameters()))
 
-    default, direct, chunked = run(1), run(1, "direct"), run(1, "chunked")
-    assert default[1] == direct[1] and default[1] != chunked[1]
-    assert run(2)[1] == run(2, "chunked")[1]
-    torch.testing.assert_close(default[0], chunked[0], rtol=0, atol=0)
-    for a, b in zip(default[2], chunked[2], strict=True):
+    default, direct, accumulated = run(1), run(1, "direct"), run(1, "accumulated")
+    assert default[1] == direct[1] and default[1] != accumulated[1]
+    assert run(2)[1] == run(2, "accumulated")[1]
+    with pytest.warns(DeprecationWarning, match="method='chunked' is deprecated: use 'accumulated'"):
+        old_name = run(2, "chunked")
+    assert torch.equal(old_name[0], run(2, "accumulated")[0])
+    torch.testing.assert_close(default[0], accumulated[0], rtol=0, atol=0)
+    for a, b in zip(default[2], accumulated[2], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
@@ -481,7 +489,7 @@ def test_elbo_gradients_reach_a_module_likelihood_and_y_and_stray_tensors_are_re
 
     head, target = Gaussian(), y.clone().requires_grad_()
     grads = []
-    for method in ("direct", "chunked"):
+    for method in ("direct", "accumulated"):
         loss = -mnn.elbo(net, x, target, num_samples=mg.Sampling(3, method=method, chunk_size=2), dataset_size=60,
                          likelihood=head, seed=0)
         grads.append(torch.autograd.grad(loss, [head.log_s, target, *net.parameters()]))
@@ -578,7 +586,7 @@ def test_kl_schedules():
 def head_model(out=4, posterior_rho=-1.0):
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(6, 16), nn.ReLU(),
-                         mnn.BayesLinear(16, out, local_reparameterization=True, rho_init=posterior_rho))
+                         mnn.BayesLinear(16, out, estimator="local_reparameterization", rho_init=posterior_rho))
 
 
 def test_softmax_cross_entropy_mc_matches_naive():
@@ -633,7 +641,7 @@ def test_expected_log_likelihood_requires_a_local_reparameterized_last_layer():
     net = nn.Sequential(nn.Linear(6, 4), mnn.BayesLinear(4, 3))
     with pytest.raises(ValueError, match="local_reparameterization"):
         mnn.expected_log_likelihood(net, x, y, num_samples=10)
-    net = nn.Sequential(mnn.BayesLinear(6, 3, local_reparameterization=True), nn.ReLU())
+    net = nn.Sequential(mnn.BayesLinear(6, 3, estimator="local_reparameterization"), nn.ReLU())
     with pytest.raises(ValueError, match="output"):
         mnn.expected_log_likelihood(net, x, y, num_samples=10)
     with pytest.raises(ValueError, match="Bayesian"):
@@ -678,3 +686,30 @@ def test_state_dict_round_trip():
     x = torch.randn(2, 1, 8, 8)
     torch.testing.assert_close(mnn.forward_samples(net, x, 3, seed=0), mnn.forward_samples(other, x, 3, seed=0))
     assert not any("eps" in k for k in net.state_dict())
+
+
+@pytest.mark.parametrize("estimator, flags", [("reparameterization", (False, False)),
+                                              ("local_reparameterization", (True, False)),
+                                              ("flipout", (False, True))])
+def test_the_estimator_option_and_its_deprecated_booleans_build_the_same_layer(estimator, flags):
+    torch.manual_seed(0)
+    new = mnn.BayesLinear(5, 3, estimator=mnn.Estimator(estimator))
+    torch.manual_seed(0)
+    with pytest.warns(DeprecationWarning, match="local_reparameterization= and flipout= are deprecated"):
+        old = mnn.BayesLinear(5, 3, local_reparameterization=flags[0], flipout=flags[1])
+    assert new.estimator == old.estimator == estimator
+    assert (new.local_reparameterization, new.flipout) == flags
+    x = torch.randn(4, 5)
+    assert torch.equal(mnn.forward_samples(new, x, 3, seed=1), mnn.forward_samples(old, x, 3, seed=1))
+    assert (f"estimator={estimator}" in repr(new)) == (estimator != "reparameterization")
+    net = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 2))
+    converted = mnn.bayesify(net, estimator=estimator)
+    assert {m.estimator for m in mnn.bayesian_modules(converted)} == {estimator}
+
+
+def test_a_posterior_family_s_default_estimator_applies_when_none_is_given():
+    assert mnn.BayesLinear(3, 2, posterior="sparse_vd").estimator == "local_reparameterization"
+    assert mnn.BayesLinear(3, 2, posterior="sparse_vd", estimator="reparameterization").estimator == \
+        "reparameterization"
+    assert mnn.BayesLinear(3, 2, posterior="sparse_vd", estimator="flipout").estimator == "flipout"
+    assert mnn.BayesLinear(3, 2).estimator == "reparameterization"

@@ -317,6 +317,7 @@ def test_predict_and_pruning_reach_the_sites():
     (lambda: BayesLSTM(4, 6, dropout=1.5), "dropout"),
     (lambda: BayesRNN(4, 6, nonlinearity="sigmoid"), "nonlinearity"),
     (lambda: BayesLSTM(4, 6, local_reparameterization=True), "local_reparameterization"),
+    (lambda: BayesLSTM(4, 6, estimator="flipout"), "estimator='flipout' is not available for recurrent layers"),
     (lambda: BayesEmbedding(10, 4, padding_idx=10), "padding_idx"),
 ])
 def test_bad_construction_names_the_argument(make, error):

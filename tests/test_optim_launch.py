@@ -14,7 +14,7 @@ import torch.distributed as dist
 from distributed_cases import torchrun
 from mcgraph.apps.optim_train import build_optimizer
 
-pytestmark = [pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available"),
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available"),
               pytest.mark.skipif(importlib.util.find_spec("sklearn") is None, reason="scikit-learn not installed")]
 
 

@@ -69,7 +69,7 @@ def test_pruning_is_permanent_and_survives_training_and_save_load():
     assert em.update(1)
     assert em.masks["0.weight"][0].tolist() == [1, 1, 0, 0, 1, 0]
     x, y = torch.randn(32, 6), torch.randint(0, 2, (32,))
-    opt = VOGN(net, 200, lr=0.05, num_mc_samples=2, seed=0, spike_slab=em)
+    opt = VOGN(net, 200, lr=0.05, num_samples=2, seed=0, spike_slab=em)
     seen = []
 
     def closure():

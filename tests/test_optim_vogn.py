@@ -82,7 +82,7 @@ def test_vogn_steps_equal_hand_written_algorithm_1(variant):
     hyper = dict(lr=0.05, betas=(0.9, 0.3), delta=3.0, damping=0.01, tau=0.5, K=3, s0=0.2)
     start = copy.deepcopy(model)
     opt = VOGN(model, dataset_size=40, lr=hyper["lr"], betas=hyper["betas"], prior_precision=hyper["delta"],
-               damping=hyper["damping"], tempering=hyper["tau"], num_mc_samples=hyper["K"],
+               damping=hyper["damping"], tempering=hyper["tau"], num_samples=hyper["K"],
                data_augmentation_factor=2.0, init_precision=hyper["s0"], variant=variant, seed=11)
     for _ in range(2):
         opt.step(_closure(opt, model, x, y))
@@ -121,8 +121,8 @@ def test_vogn_first_step_initialises_s_from_one_pass_at_the_mean():
 def test_sum_reduction_gives_the_same_step():
     x, y = _data(seed=2)
     a, b = _tiny(2), _tiny(2)
-    oa = VOGN(a, 10, lr=0.1, num_mc_samples=2, init_precision=0.1, seed=0)
-    ob = VOGN(b, 10, lr=0.1, num_mc_samples=2, init_precision=0.1, seed=0, loss_reduction="sum")
+    oa = VOGN(a, 10, lr=0.1, num_samples=2, init_precision=0.1, seed=0)
+    ob = VOGN(b, 10, lr=0.1, num_samples=2, init_precision=0.1, seed=0, loss_reduction="sum")
     oa.step(_closure(oa, a, x, y))
     ob.step(_closure(ob, b, x, y, reduction="sum"))
     for p, q in zip(a.parameters(), b.parameters()):
@@ -161,7 +161,7 @@ def test_noise_is_seeded_reproducible_and_standard_normal():
     runs = []
     for seed, disturb in ((5, False), (5, True), (6, False)):
         model = _tiny(4)
-        opt = VOGN(model, 10, lr=0.05, num_mc_samples=4, init_precision=0.5, seed=seed)
+        opt = VOGN(model, 10, lr=0.05, num_samples=4, init_precision=0.5, seed=seed)
         for _ in range(3):
             if disturb:
                 torch.rand(100)  # the global generator is neither used nor reseeded
@@ -183,12 +183,12 @@ def test_noise_is_seeded_reproducible_and_standard_normal():
 def test_state_dict_round_trip_continues_identically():
     x, y = _data(seed=5)
     model = _tiny(5)
-    opt = VOGN(model, 10, lr=0.05, num_mc_samples=2, seed=1, tempering=0.5, tempering_init=0.1,
+    opt = VOGN(model, 10, lr=0.05, num_samples=2, seed=1, tempering=0.5, tempering_init=0.1,
                tempering_warmup_steps=5)
     for _ in range(2):
         opt.step(_closure(opt, model, x, y))
     model2 = copy.deepcopy(model)
-    opt2 = VOGN(model2, 10, lr=0.05, num_mc_samples=2, seed=1, tempering=0.5, tempering_init=0.1,
+    opt2 = VOGN(model2, 10, lr=0.05, num_samples=2, seed=1, tempering=0.5, tempering_init=0.1,
                 tempering_warmup_steps=5)
     state = opt.state_dict()
     torch.save(state, buf := __import__("io").BytesIO())
@@ -207,7 +207,7 @@ def test_dtypes_and_posterior_plugs_into_predict(dtype):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv1d(1, 3, 3), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 6, 4)).to(dtype)
     x, y = torch.randn(8, 1, 8, dtype=dtype), torch.randint(0, 4, (8,))
-    opt = VOGN(model, 100, lr=1e-2, num_mc_samples=2, seed=0)
+    opt = VOGN(model, 100, lr=1e-2, num_samples=2, seed=0)
     for _ in range(2):
         opt.step(_closure(opt, model, x, y))
     q = opt.posterior
@@ -231,7 +231,7 @@ def test_batchnorm_is_deterministic_and_without_prior_by_default():
     torch.manual_seed(1)
     model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.ReLU(), nn.Flatten(), nn.Linear(2 * 4 * 4, 3))
     x, y = torch.randn(6, 1, 6, 6), torch.randint(0, 3, (6,))
-    opt = VOGN(model, 50, lr=1e-2, num_mc_samples=3, init_precision=0.1, seed=0)
+    opt = VOGN(model, 50, lr=1e-2, num_samples=3, init_precision=0.1, seed=0)
     bn = model[1]
     seen = []
     closure = _closure(opt, model, x, y)
@@ -256,7 +256,7 @@ def test_batchnorm_is_deterministic_and_without_prior_by_default():
 def test_nan_gradient_skips_the_step_and_keeps_the_state():
     x, y = _data(seed=6)
     model = _tiny(6)
-    opt = VOGN(model, 10, lr=0.05, num_mc_samples=2, seed=0)
+    opt = VOGN(model, 10, lr=0.05, num_samples=2, seed=0)
     opt.step(_closure(opt, model, x, y))
     params = [p.detach().clone() for p in model.parameters()]
     state = [{k: v.clone() for k, v in opt.state[p].items()} for p in model.parameters()]
@@ -278,7 +278,7 @@ def test_nan_gradient_skips_the_step_and_keeps_the_state():
 
 def test_closure_error_restores_the_mean():
     model = _tiny(7)
-    opt = VOGN(model, 10, num_mc_samples=2, init_precision=0.1, seed=0)
+    opt = VOGN(model, 10, num_samples=2, init_precision=0.1, seed=0)
     before = [p.detach().clone() for p in model.parameters()]
 
     def failing():
@@ -297,8 +297,14 @@ def test_bad_input_is_named():
         VOGN(model, -5)
     with pytest.raises(ValueError, match="dataset_size"):
         VOGN(model, float("nan"))
-    with pytest.raises(ValueError, match="num_mc_samples"):
-        VOGN(model, 10, num_mc_samples=0)
+    with pytest.raises(ValueError, match="num_samples must be a positive int"):
+        VOGN(model, 10, num_samples=0)
+    with pytest.warns(DeprecationWarning, match=r"VOGN\(num_mc_samples=...\) is deprecated; use num_samples"):
+        assert VOGN(model, 10, num_mc_samples=3).num_samples == 3
+    with pytest.raises(TypeError, match="num_mc_samples is the deprecated name of num_samples"):
+        VOGN(model, 10, num_samples=2, num_mc_samples=3)
+    with pytest.warns(DeprecationWarning, match="num_mc_samples is deprecated"):
+        assert VOGN(model, 10, num_samples=2).num_mc_samples == 2
     with pytest.raises(ValueError, match="lr"):
         VOGN(model, 10, lr=-1.0)
     with pytest.raises(ValueError, match="betas"):
@@ -315,16 +321,22 @@ def test_bad_input_is_named():
         VOGN(model, 10).step(None)
     with pytest.raises(ValueError, match="alpha"):
         AdaptiveVB(model, 10, alpha=0.7)
-    with pytest.raises(ValueError, match="num_mc_samples"):
-        AdaptiveVB(model, 10, num_mc_samples=0)
+    with pytest.raises(ValueError, match="num_samples must be a positive int"):
+        AdaptiveVB(model, 10, num_samples=0)
+    with pytest.warns(DeprecationWarning, match=r"AdaptiveVB\(num_mc_samples=...\)"):
+        assert AdaptiveVB(model, 10, num_mc_samples=2).num_samples == 2
+    with pytest.raises(ValueError, match=r"parallel must be one of \['data', 'samples'\], got 'rows'"):
+        AdaptiveVB(model, 10, parallel="rows")
+    assert AdaptiveVB(model, 10, curvature=mg.optim.Curvature.PER_EXAMPLE).defaults["curvature"] == "per_example"
+    assert VOGN(model, 10, loss_reduction=mg.optim.LossReduction.SUM).loss_reduction == "sum"
 
 
 def test_adaptive_vb_alpha_one_is_vogn_without_momentum_and_damping():
     """AdaptiveVB(α = 1, β₁ = 0, per-example curvature, λ = 1) ≡ VOGN(β₁ = 0, γ = 0, τ = 1) with π = s + δ/N."""
     x, y = _data(seed=8)
     a, b = _tiny(8), _tiny(8)
-    va = VOGN(a, 25, lr=0.05, betas=(0.0, 0.2), prior_precision=2.0, damping=0.0, num_mc_samples=2, seed=4)
-    vb = AdaptiveVB(b, 25, lr=0.05, alpha=1.0, betas=(0.0, 0.2), prior_precision=2.0, num_mc_samples=2,
+    va = VOGN(a, 25, lr=0.05, betas=(0.0, 0.2), prior_precision=2.0, damping=0.0, num_samples=2, seed=4)
+    vb = AdaptiveVB(b, 25, lr=0.05, alpha=1.0, betas=(0.0, 0.2), prior_precision=2.0, num_samples=2,
                     curvature="per_example", eps=0.0, seed=4)
     for _ in range(3):
         va.step(_closure(va, a, x, y))
@@ -364,7 +376,7 @@ def test_vogn_on_cuda_matches_cpu_shapes_and_runs():
     model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
                           nn.Linear(4 * 6 * 6, 3)).cuda()
     x, y = torch.randn(16, 1, 8, 8, device="cuda"), torch.randint(0, 3, (16,), device="cuda")
-    opt = VOGN(model, 100, lr=1e-2, num_mc_samples=2, seed=0)
+    opt = VOGN(model, 100, lr=1e-2, num_samples=2, seed=0)
     for _ in range(3):
         opt.step(_closure(opt, model, x, y))
     assert all(v.is_cuda for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor))
@@ -390,7 +402,7 @@ def _distributed_worker(rank, world, path, init_file):
 
         x, y = _data(n=8, seed=10)
         model = _tiny(10)
-        opt = AllReduceVOGN(model, 30, lr=0.05, num_mc_samples=2, seed=2)
+        opt = AllReduceVOGN(model, 30, lr=0.05, num_samples=2, seed=2)
         shard = slice(rank * 4, rank * 4 + 4)
         for _ in range(2):
             opt.step(_closure(opt, model, x[shard], y[shard]))
@@ -408,7 +420,7 @@ def test_reduce_statistics_is_the_one_place_for_data_parallelism(tmp_path):
 
     x, y = _data(n=8, seed=10)
     model = _tiny(10)
-    opt = VOGN(model, 30, lr=0.05, num_mc_samples=2, seed=2)
+    opt = VOGN(model, 30, lr=0.05, num_samples=2, seed=2)
     for _ in range(2):
         opt.step(_closure(opt, model, x, y))
     path = str(tmp_path / "params")
@@ -493,7 +505,7 @@ def test_batched_samples_take_the_step_of_k_closure_calls_on_the_same_noise(case
     """step_samples (vmap over the K weight samples, curvature from output probes) against step (K closure
     calls with hooks): the same weights, momentum and precision over three steps, float64 rounding apart."""
     reduction = "sum" if case.endswith("sum") else "mean"
-    kw = {"num_mc_samples": 4}
+    kw = {"num_samples": 4}
     if case == "mlp-given-precision":
         kw["init_precision"] = 0.2
     if case.startswith("conv"):
@@ -519,7 +531,7 @@ def test_batched_samples_fall_back_where_vmap_cannot_run_the_model():
     """BatchNorm with batch statistics: vectorize=None takes the closure path (the same step, no trace of the
     refused attempt in the state); vectorize=True names the layer."""
     x, y = torch.randn(6, 1, 6, 6, dtype=DT), torch.randint(0, 3, (6,))
-    (a, oa), (b, ob) = _pair(lambda: _conv(5, batchnorm=True), num_mc_samples=3)
+    (a, oa), (b, ob) = _pair(lambda: _conv(5, batchnorm=True), num_samples=3)
     for _ in range(2):
         oa.step_samples(_loss(a, x, y))
         ob.step(_closure(ob, b, x, y))
@@ -538,7 +550,7 @@ def test_a_layer_called_twice_per_forward_is_run_sample_by_sample():
     model = nn.Sequential(shared, nn.Tanh(), shared, nn.Linear(3, 2).to(DT))
     twin = copy.deepcopy(model)
     x, y = _data(seed=6)
-    oa, ob = (VOGN(m, 50, num_mc_samples=2, seed=1, check_noise=False) for m in (model, twin))
+    oa, ob = (VOGN(m, 50, num_samples=2, seed=1, check_noise=False) for m in (model, twin))
     oa.step_samples(_loss(model, x, y))
     ob.step(_closure(ob, twin, x, y))
     _assert_same_state(oa, model, ob, twin, rtol=0, atol=0)
@@ -567,7 +579,7 @@ def test_step_samples_of_an_lstm_runs_sample_by_sample_and_takes_the_closure_ste
         return Net().to(DT)
 
     x, y = torch.randn(8, 5, 3, dtype=DT), torch.randint(0, 3, (8,))
-    (a, oa), (b, ob) = _pair(make, num_mc_samples=2)
+    (a, oa), (b, ob) = _pair(make, num_samples=2)
     for _ in range(2):
         oa.step_samples(_loss(a, x, y))
         ob.step(_closure(ob, b, x, y))
@@ -577,7 +589,7 @@ def test_step_samples_of_an_lstm_runs_sample_by_sample_and_takes_the_closure_ste
 def test_step_samples_arguments():
     x, y = _data()
     model = _tiny()
-    opt = VOGN(model, 50, num_mc_samples=2, seed=0, check_noise=False)
+    opt = VOGN(model, 50, num_samples=2, seed=0, check_noise=False)
     with pytest.raises(ValueError, match="chunk_size"):
         opt.step_samples(_loss(model, x, y), chunk_size=0)
     one = VOGN(_tiny(), 50, seed=0, check_noise=False)  # K = 1: the closure path, which needs no vmap
@@ -617,7 +629,7 @@ def test_vogn_trains_an_lstm_and_its_posterior_model_samples_the_lstm_with_the_p
     model = _Tagger(bidirectional).double()
     model.emb.weight.requires_grad_(False)  # VOGN has no per-example rule for embeddings: frozen here
     tokens, y = torch.randint(0, 7, (16, 6)), torch.randint(0, 3, (16,))
-    opt = VOGN(model, 100, lr=1e-2, num_mc_samples=2, seed=0)
+    opt = VOGN(model, 100, lr=1e-2, num_samples=2, seed=0)
     for _ in range(3):
         opt.step(_closure(opt, model, tokens, y))
     q = opt.posterior

@@ -52,7 +52,7 @@ def _assert_same(a, b, net_a, net_b, losses_a, losses_b):
 @pytest.mark.parametrize("options", [
     {},
     {"variant": "torchsso", "tempering": 0.5, "tempering_init": 0.1, "tempering_warmup_steps": 4},
-    {"tempering": 0.3, "tempering_init": 1.0, "tempering_warmup_steps": 3, "num_mc_samples": 2},
+    {"tempering": 0.3, "tempering_init": 1.0, "tempering_warmup_steps": 3, "num_samples": 2},
     {"init_precision": 0.5, "prior_precision": 0.0, "data_augmentation_factor": 2.0},
 ])
 def test_compiled_vogn_equals_torch_operations_bit_for_bit(dtype, options):
@@ -77,7 +77,7 @@ def test_compiled_vogn_with_batchnorm_two_threads_and_batched_samples():
         torch.set_num_threads(threads)
     # the batched samples (BatchNorm in eval mode: vmap takes it) go through the same update
     net_a.eval(), net_b.eval()
-    a.num_mc_samples = b.num_mc_samples = 3
+    a.num_samples = b.num_samples = 3
     for _ in range(2):
         la = a.step_samples(lambda: F.cross_entropy(net_a(x), y), vectorize=True)
         lb = b.step_samples(lambda: F.cross_entropy(net_b(x), y), vectorize=True)

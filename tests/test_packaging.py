@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 from test_docs_pages import blocks
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[1]
 #: The CPU build of torch the Makefile installs (pip takes it from this machine's disk; elsewhere from PyPI).
 TORCH = "torch==2.13.0"

@@ -198,6 +198,7 @@ def test_provenance_notes_are_shown_beside_the_numbers(tmp_path):
     assert page.index("How the recorded run was made") < page.index("## Environment")
 
 
+@pytest.mark.integration
 def test_quick_all(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "paper_tables", "all", "--quick", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)

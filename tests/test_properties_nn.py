@@ -166,7 +166,7 @@ def test_elbo_chunked_equals_direct_and_predict_is_a_distribution(case):
     ref = _elbo(case, "direct", case.num_samples)
     assert ref[0].dtype == case.dtype and ref[0].shape == ()
     for chunk in sorted({1, case.chunk}):
-        assert_same(ref, _elbo(case, "chunked", chunk), rtol, atol, f"elbo chunk={chunk}", none_is_zero=True)
+        assert_same(ref, _elbo(case, "accumulated", chunk), rtol, atol, f"elbo chunk={chunk}", none_is_zero=True)
     probs = mg.nn.predict(net, x, case.num_samples, seed=case.seed)
     assert probs.shape == (case.arch.batch, case.arch.classes) and probs.dtype == case.dtype
     assert bool(torch.isfinite(probs).all()) and bool((probs >= 0).all())

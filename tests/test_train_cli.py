@@ -32,6 +32,8 @@ import mcgraph as mg
 from mcgraph.apps import atomic_io
 from mcgraph.apps import train as mtrain
 
+pytestmark = pytest.mark.integration
+
 pytest.importorskip("sklearn")
 
 ROOT = str(Path(mg.__file__).parents[1])

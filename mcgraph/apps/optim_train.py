@@ -206,7 +206,7 @@ def _vogn(args, model, n, batches, spike_slab, process_group=None):
         samples, parallel = args.mc_samples * dist.get_world_size(process_group), "samples"
     return VOGN(model, n, lr=args.lr, prior_precision=args.prior_precision, damping=args.damping,
                 tempering=args.tempering, tempering_init=args.tempering_init,
-                tempering_warmup_steps=args.tempering_warmup_steps, num_mc_samples=samples,
+                tempering_warmup_steps=args.tempering_warmup_steps, num_samples=samples,
                 data_augmentation_factor=args.data_augmentation_factor, init_precision=args.init_precision,
                 variant=args.vogn_variant, batchnorm_prior=args.batchnorm_prior, seed=args.seed,
                 spike_slab=spike_slab, process_group=process_group, parallel=parallel, **_betas(args)), None
@@ -231,7 +231,7 @@ def _adaptive_vb(args, model, n, batches, spike_slab, process_group=None):
         from ..optim.adaptive_vb import AdaptiveVB
 
         return AdaptiveVB(model, n, lr=args.lr, alpha=args.alpha, precision_decay=args.precision_decay,
-                          prior_precision=args.prior_precision, num_mc_samples=args.mc_samples,
+                          prior_precision=args.prior_precision, num_samples=args.mc_samples,
                           warmup_steps=args.warmup_steps, curvature=args.curvature,
                           init_precision=args.init_precision or None, batchnorm_prior=args.batchnorm_prior,
                           seed=args.seed, spike_slab=spike_slab, **_betas(args)), None
@@ -412,7 +412,7 @@ class OptimizerTraining:
                 optimizer.counters["skipped"] += 1
                 print(f"ivon: step {step + 1}: {skipped}; the step was skipped", file=sys.stderr, flush=True)
                 loss = math.nan
-        elif self.kind == "vogn" and optimizer.num_mc_samples > 1:  # K samples batched where vmap allows
+        elif self.kind == "vogn" and optimizer.num_samples > 1:  # K samples batched where vmap allows
             skipped = optimizer.skipped_steps
             loss = float(optimizer.step_samples(lambda: self._data_term(xb, yb, step)))
             if args.on_nonfinite == "stop":  # the closure path's checks, after the samples (the run ends unwritten)

@@ -88,9 +88,15 @@ def build_model(args, input_shape: tuple[int, ...], num_classes: int) -> nn.Modu
     import mcgraph.nn as mnn
 
     return mnn.bayesify(model, posterior=args.posterior, prior=_prior(args), kl_samples=args.kl_samples,
-                        init_from_weights=False, local_reparameterization=args.local_reparameterization or None,
-                        flipout=args.flipout, rho_init=args.rho_init,
+                        init_from_weights=False, estimator=_estimator(args), rho_init=args.rho_init,
                         scale_transform=args.scale_transform, inplace=True)
+
+
+def _estimator(args) -> str | None:
+    """The layers' ``estimator=`` from ``--flipout`` / ``--local-reparameterization`` (neither: the family's)."""
+    if args.flipout:
+        return "flipout"
+    return "local_reparameterization" if args.local_reparameterization else None
 
 
 def family_options(posterior):

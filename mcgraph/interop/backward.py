@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from ..engine import checks
+from ..engine.options import Sampling, resolve_sampling
 
 __all__ = ["elbo_backward"]
 
@@ -47,7 +48,7 @@ def _scalar(name: str, value) -> torch.Tensor:
     return value.reshape(())
 
 
-def elbo_backward(model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor], num_samples: int, *,
+def elbo_backward(model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor], num_samples: int | Sampling, *,
                   kl: torch.Tensor | Callable[[], torch.Tensor] | None = None, kl_weight: float = 1.0,
                   dataset_size: int | None = None) -> torch.Tensor:
     """Backpropagate the M-sample negative ELBO sample by sample; returns its detached value.
@@ -56,7 +57,8 @@ def elbo_backward(model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor]
         model: the network (any library); each call of ``loss_fn`` draws its own weights.
         loss_fn: ``loss_fn(model) -> 0-d tensor``: one sample's data loss (e.g. the batch mean
             cross-entropy of one forward).
-        num_samples: M ≥ 1.
+        num_samples: M ≥ 1 (or a :class:`~mcgraph.Sampling` holding only M: the samples are the
+            model's own draws, so it takes no seed or other option).
         kl: the KL term, a 0-d tensor or a callable returning one (``None``: no KL term).
         kl_weight: β.
         dataset_size: N, the KL's divisor (required with ``kl``).
@@ -72,6 +74,7 @@ def elbo_backward(model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor]
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable as loss_fn(model), got {type(loss_fn).__name__}")
+    num_samples, _ = resolve_sampling(num_samples)
     m = checks.positive_int("num_samples", num_samples)
     if kl is not None and dataset_size is None:
         raise ValueError("dataset_size is required when kl is given (the KL is divided by it)")

@@ -60,6 +60,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributions import Normal
 
+from ..engine.options import Sampling
 from ..nn.recurrent import BayesLSTM
 from ..nn.scales import scale_transform
 from . import convert, divergence
@@ -252,7 +253,7 @@ def sites(model: nn.Module) -> list[VariationalSite]:
     return _sites(model, library=NAME)
 
 
-def kl(model: nn.Module, num_samples: int, *, seed: int | None = None, method: str = "auto",
+def kl(model: nn.Module, num_samples: int | Sampling, *, seed: int | None = None, method: str = "auto",
        reduction: str = "sum", process_group=None) -> torch.Tensor:
     """KL(q ‖ p) of a bayesian-torch model: ``reduction="per_tensor_mean"`` equals ``get_kl_loss(model)``.
 

@@ -47,6 +47,7 @@ import torch
 from torch import nn
 from torch.distributions import Distribution
 
+from ..engine.options import Sampling
 from ..nn.layers import BayesLayer
 from ..nn.recurrent import BayesRNNBase
 from ..nn.scales import scale_transform
@@ -148,7 +149,7 @@ class BlitzRecurrent(BayesRNNBase):
     def _build_sites(self, factory: dict, options: dict) -> list[list[str]]:
         """blitz's layout (the construction hook): ``ih_l0`` ``(in, 4·H)``, ``hh_l0`` ``(H, 4·H)``, ``b_l0``."""
         priors = options.pop("priors")
-        options = dict(options, scale_transform="softplus", local_reparameterization=False, **factory)
+        options = dict(options, scale_transform="softplus", estimator="reparameterization", **factory)
         H4 = 4 * self.hidden_size
         self.ih_l0 = _Tensor((self.input_size, H4), prior=priors["weight_ih"], **options)
         self.hh_l0 = _Tensor((self.hidden_size, H4), prior=priors["weight_hh"], **options)
@@ -270,7 +271,7 @@ def sites(model: nn.Module, *, prior_floor: float | None = None) -> list[Variati
     return _sites(model, library=NAME, prior_floor=prior_floor)
 
 
-def kl(model: nn.Module, num_samples: int, *, seed: int | None = None, method: str = "auto",
+def kl(model: nn.Module, num_samples: int | Sampling, *, seed: int | None = None, method: str = "auto",
        prior_floor: float | None = None, process_group=None) -> torch.Tensor:
     """M-sample KL(q ‖ p) of a blitz model: what ``model.nn_kl_divergence()`` estimates from one sample.
 

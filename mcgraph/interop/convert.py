@@ -107,7 +107,8 @@ def mcgraph_layer(kind: str, module: nn.Module, weight: VariationalSite, bias: V
         frozen: posterior-mean forward (the foreign layer was frozen).
     """
     w = weight.loc
-    options = dict(prior=prior, kl_samples=kl_samples, flipout=flipout, bayesian_bias=bias is not None,
+    options = dict(prior=prior, kl_samples=kl_samples, estimator="flipout" if flipout else "reparameterization",
+                   bayesian_bias=bias is not None,
                    scale_transform=weight.scale_transform, device=w.device, dtype=w.dtype)
     if kind == "linear":
         layer = BayesLinear(w.shape[1], w.shape[0], bias is not None, **options)

@@ -36,6 +36,7 @@ from ..engine import checks
 from ..engine.api import kl_divergence
 from ..engine.distributed import sharded
 from ..engine.noise.streams import mix_seed, resolve_seed
+from ..engine.options import Sampling, resolve_sampling
 from ..engine.methods import KL_METHODS as _KL_METHODS, parse_method
 from .sites import VariationalSite, foreign_layers
 
@@ -51,7 +52,7 @@ def _check_method(method) -> str:
     return parse_method(method, _KL_METHODS)
 
 
-def site_kl(q: Distribution, p: Distribution, num_samples: int, *, seed: int | None = None,
+def site_kl(q: Distribution, p: Distribution, num_samples: int | Sampling, *, seed: int | None = None,
             method: str = "auto", process_group=None) -> torch.Tensor:
     """KL(q ‖ p) elementwise: :func:`mcgraph.kl_divergence` (torch's closed form where it has one, else
     mcgraph's M-sample estimate under ``"auto"``).
@@ -59,7 +60,8 @@ def site_kl(q: Distribution, p: Distribution, num_samples: int, *, seed: int | N
     Args:
         q: the posterior of one site (any distribution :func:`mcgraph.kl_divergence` accepts).
         p: its prior.
-        num_samples: M of the estimate (unused by a closed form).
+        num_samples: M of the estimate (unused by a closed form), or a :class:`~mcgraph.Sampling` with
+            M, ``seed``, ``method`` and ``process_group``.
         seed: noise seed of the estimate (``None``: drawn from torch's global generator).
         method: ``"auto"``, ``"closed-form"``, ``"monte-carlo"`` or an engine method (:data:`KL_METHODS`).
         process_group: split the estimate's samples across a ``torch.distributed`` group
@@ -71,7 +73,10 @@ def site_kl(q: Distribution, p: Distribution, num_samples: int, *, seed: int | N
     Raises:
         NotImplementedError: ``method="closed-form"`` and torch has no rule for the pair.
     """
-    return kl_divergence(q, p, num_samples, seed=seed, method=_check_method(method), process_group=process_group)
+    num_samples, o = resolve_sampling(num_samples, seed=(seed, None), method=(method, "auto"),
+                                      process_group=(process_group, None))
+    return kl_divergence(q, p, num_samples, seed=o["seed"], method=_check_method(o["method"]),
+                         process_group=o["process_group"])
 
 
 def sites_kl(found: Sequence[VariationalSite], num_samples: int, *, seed: int | None = None,
@@ -98,13 +103,14 @@ def reduce(adapter, reduction: str, found: Sequence[VariationalSite], values: Se
     return rule(found, values)
 
 
-def kl(model: nn.Module, num_samples: int, *, seed: int | None = None, method: str = "auto",
+def kl(model: nn.Module, num_samples: int | Sampling, *, seed: int | None = None, method: str = "auto",
        reduction: str = "sum", library: str | None = None, process_group=None, **options) -> torch.Tensor:
     """KL(q ‖ p) of a model built with another library (a 0-d tensor).
 
     Args:
         model: the foreign model (unchanged by the call).
-        num_samples: M of every Monte Carlo site (sites with a closed form ignore it).
+        num_samples: M of every Monte Carlo site (sites with a closed form ignore it), or a
+            :class:`~mcgraph.Sampling` with M, ``seed``, ``method`` and ``process_group``.
         seed: noise seed (``None``: drawn from torch's global generator).
         method: ``"auto"``, ``"closed-form"`` or an engine method (:data:`KL_METHODS`).
         reduction: ``"sum"`` (the KL) or a native reduction of the model's library.
@@ -117,6 +123,9 @@ def kl(model: nn.Module, num_samples: int, *, seed: int | None = None, method: s
         ValueError: no Bayesian layer, several libraries, an unknown reduction or method, a
             prior that does not broadcast with its tensor (naming the site).
     """
+    num_samples, o = resolve_sampling(num_samples, seed=(seed, None), method=(method, "auto"),
+                                      process_group=(process_group, None))
+    seed, method, process_group = o["seed"], o["method"], o["process_group"]
     layers = foreign_layers(model, library)
     if options and library is None:
         raise TypeError(f"kl: options {sorted(options)} need library= (they belong to one library)")

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from ..nn.estimator import estimator_flags, to_estimator
 from ..nn.layers import BayesLinear
 from ..nn.lora import VARIATIONAL_FACTORS, AdapterDropout, BayesLoRA, adaptable
 from .convert import structural_copy
@@ -117,15 +118,15 @@ def _convert(layer: nn.Module, adapter: str, variational: str, options: dict) ->
 
 
 def to_mcgraph(peft_model: nn.Module, *, posterior="normal", prior=None, kl_samples: int = 1, variational: str = "A",
-               local_reparameterization: bool | None = None, flipout: bool = False, rho_init: float | None = None,
-               scale_transform=None) -> nn.Module:
+               estimator: str | None = None, rho_init: float | None = None, scale_transform=None,
+               local_reparameterization: bool | None = None, flipout: bool | None = None) -> nn.Module:
     """The variational-LoRA model of a peft LoRA model: the adapters' means are peft's Parameters.
 
     Args:
         peft_model: a ``peft.PeftModel`` (or any module) holding peft LoRA layers.
-        posterior, prior, kl_samples, local_reparameterization, flipout, rho_init, scale_transform: the
-            options of :class:`~mcgraph.nn.BayesLayer` for the variational factor(s), as in
-            :func:`mcgraph.nn.bayesian_lora`.
+        posterior, prior, kl_samples, estimator, rho_init, scale_transform: the options of
+            :class:`~mcgraph.nn.BayesLayer` for the variational factor(s), as in :func:`mcgraph.nn.bayesian_lora`.
+        local_reparameterization, flipout: the deprecated spelling of ``estimator`` (warns).
         variational: ``"A"`` (default, BLoB: peft's ``lora_A`` carries the posterior), ``"B"`` or ``"both"``.
 
     Returns:
@@ -148,8 +149,8 @@ def to_mcgraph(peft_model: nn.Module, *, posterior="normal", prior=None, kl_samp
         raise ValueError(f"peft_model: {type(peft_model).__name__} holds no peft LoRA layer (build it with "
                          f"peft.get_peft_model(model, peft.LoraConfig(...)))")
     adapters = {name: _active_adapter(name, layer) for name, layer in found}  # all checked before any change
-    options = dict(posterior=posterior, prior=prior, kl_samples=kl_samples,
-                   local_reparameterization=local_reparameterization, flipout=flipout, rho_init=rho_init,
+    estimator = to_estimator(*estimator_flags(estimator, local_reparameterization, flipout))
+    options = dict(posterior=posterior, prior=prior, kl_samples=kl_samples, estimator=estimator, rho_init=rho_init,
                    scale_transform=scale_transform)
     model = structural_copy(peft_model)
     copies = dict(model.named_modules())

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 from torch.distributions import Categorical, Distribution, MixtureSameFamily, Normal
 
+from ..engine.options import Sampling
 from ..nn.scales import scale_transform
 from . import convert, divergence
 from .foreign_priors import MixturePrior, mixture
@@ -121,7 +122,7 @@ def sites(model: nn.Module) -> list[VariationalSite]:
     return _sites(model, library=NAME)
 
 
-def kl(model: nn.Module, num_samples: int, *, seed: int | None = None, method: str = "auto",
+def kl(model: nn.Module, num_samples: int | Sampling, *, seed: int | None = None, method: str = "auto",
        reduction: str = "sum", process_group=None) -> torch.Tensor:
     """M-sample KL(q ‖ p) of a torch-uncertainty model; ``reduction="layer_mean"`` is what ``KLDiv`` estimates
     (without its −n/2 offset)."""

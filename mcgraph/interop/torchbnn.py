@@ -30,6 +30,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from ..engine.options import Sampling
 from ..nn.scales import scale_transform
 from . import convert, divergence
 from .foreign_priors import NormalPrior
@@ -129,7 +130,7 @@ def sites(model: nn.Module) -> list[VariationalSite]:
     return _sites(model, library=NAME)
 
 
-def kl(model: nn.Module, num_samples: int, *, seed: int | None = None, method: str = "auto",
+def kl(model: nn.Module, num_samples: int | Sampling, *, seed: int | None = None, method: str = "auto",
        reduction: str = "sum", process_group=None) -> torch.Tensor:
     """KL(q ‖ p) of a torchbnn model; ``reduction="mean"`` equals ``bayesian_kl_loss(model)``."""
     return divergence.kl(model, num_samples, seed=seed, method=method, reduction=reduction, library=NAME,

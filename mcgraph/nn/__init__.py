@@ -19,6 +19,7 @@ from .layers import (BayesConv, BayesConv1d, BayesConv2d, BayesConv3d, BayesConv
                      BayesConvTranspose2d, BayesConvTranspose3d, BayesLayer, BayesLinear, SampleMode)
 from .likelihood import (LIKELIHOODS, SoftmaxCrossEntropyMC, expected_log_likelihood, log_likelihood,
                          softmax_cross_entropy_mc, token_log_likelihood)
+from .estimator import Estimator
 from .prediction import Prediction, can_vectorize, forward_samples, predict
 from .priors import POSTERIORS, PRIORS, layer_options, make_prior, register_posterior, register_prior
 from .layer_kl import LAYER_KL, divergence, find_layer_kl, register_layer_kl
@@ -35,7 +36,7 @@ from .scales import SCALE_TRANSFORMS, ScaleTransform, register_scale_transform, 
 
 __all__ = [
     "BayesConv", "BayesConv1d", "BayesConv2d", "BayesConv3d", "BayesConvTranspose", "BayesConvTranspose1d",
-    "BayesConvTranspose2d", "BayesConvTranspose3d", "BayesLayer", "BayesLinear", "BlundellKL", "ConstantKL",
+    "BayesConvTranspose2d", "BayesConvTranspose3d", "BayesLayer", "BayesLinear", "BlundellKL", "ConstantKL", "Estimator",
     "ELBOTerms", "KLSchedule", "KL_SCHEDULES", "LIKELIHOODS", "LinearWarmupKL", "POSTERIORS", "PRIORS",
     "Prediction", "SampleMode", "SampleRun", "SoftmaxCrossEntropyMC", "WholeNetworkMC", "bayesian_modules",
     "bayesify", "last_layer", "can_vectorize", "default_chunk", "elbo", "elbo_terms", "expected_data_term",

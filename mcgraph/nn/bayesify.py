@@ -11,6 +11,7 @@ from torch import nn
 from .attention import BayesMultiheadAttention
 from .context import BayesianModule, bayesian_modules
 from .embedding import BayesEmbedding
+from .estimator import Estimator, estimator_flags, to_estimator
 from .layers import BayesConv, BayesConvTranspose, BayesLinear, SampleMode
 from .lora import BayesLoRA
 from .module_select import selector
@@ -40,9 +41,10 @@ def _target(module: nn.Module):
 
 
 def bayesify(model: nn.Module, *, posterior="normal", prior=None, kl_samples: int = 1,
-             init_from_weights: bool = True, local_reparameterization: bool | None = None, flipout: bool = False,
-             bayesian_bias: bool = False, rho_init: float | None = None, scale_transform=None, skip=(),
-             only=None, freeze_rest: bool | None = None, inplace: bool = False) -> nn.Module:
+             init_from_weights: bool = True, estimator: str | Estimator | None = None, bayesian_bias: bool = False,
+             rho_init: float | None = None, scale_transform=None, skip=(), only=None, freeze_rest: bool | None = None,
+             inplace: bool = False, local_reparameterization: bool | None = None,
+             flipout: bool | None = None) -> nn.Module:
     """Replace the weighted modules of ``model`` by their Bayesian layers.
 
     Converted: ``Linear``, ``Conv*``, ``ConvTranspose*`` (:class:`~mcgraph.nn.BayesLinear`,
@@ -56,12 +58,13 @@ def bayesify(model: nn.Module, *, posterior="normal", prior=None, kl_samples: in
 
     Args:
         model: any ``nn.Module`` (a single convertible module is converted too).
-        posterior, prior, kl_samples, local_reparameterization, flipout, bayesian_bias,
-            rho_init, scale_transform: the options of :class:`~mcgraph.nn.BayesLayer`, given to every layer
-            (``None``: the posterior family's default, else ``"normal"``, ``False``, −5, ``"softplus"``).
-            Recurrent, embedding and attention layers sample weights: a family's default local
-            reparameterization is off for them, and an explicit ``local_reparameterization=True`` or
-            ``flipout=True`` applies to the linear and convolutional layers only.
+        posterior, prior, kl_samples, estimator, bayesian_bias, rho_init, scale_transform: the options of
+            :class:`~mcgraph.nn.BayesLayer`, given to every layer (``None``: the posterior family's default,
+            else ``"normal"``, ``"reparameterization"``, −5, ``"softplus"``). Recurrent, embedding and
+            attention layers sample weights: a family's default local reparameterization is off for them,
+            and an explicit ``estimator="local_reparameterization"`` or ``"flipout"`` applies to the
+            linear and convolutional layers only.
+        local_reparameterization, flipout: the deprecated spelling of ``estimator`` (warns).
         init_from_weights: μ (and the bias) copied from the trained weights; otherwise
             μ is freshly initialised.
         skip: qualified module names (as in ``model.named_modules()``) to keep deterministic,
@@ -112,10 +115,10 @@ def bayesify(model: nn.Module, *, posterior="normal", prior=None, kl_samples: in
         raise TypeError(f"freeze_rest must be a bool or None, got {type(freeze_rest).__name__}")
     if not inplace:
         model = copy.deepcopy(model)
-    options = dict(posterior=posterior, prior=prior, kl_samples=kl_samples,
-                   local_reparameterization=local_reparameterization, flipout=flipout,
+    estimator = to_estimator(*estimator_flags(estimator, local_reparameterization, flipout))
+    options = dict(posterior=posterior, prior=prior, kl_samples=kl_samples, estimator=estimator,
                    bayesian_bias=bayesian_bias, rho_init=rho_init, scale_transform=scale_transform)
-    sampling_options = dict(options, local_reparameterization=None, flipout=False)
+    sampling_options = dict(options, estimator=None)
 
     def convert(module: nn.Module):
         cls = _target(module)
@@ -185,7 +188,7 @@ def last_layer(model: nn.Module, *, freeze_rest: bool = True, **options) -> nn.M
     Example:
         >>> import torch, mcgraph as mg
         >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
-        >>> bnn = mg.nn.last_layer(net, posterior="normal", local_reparameterization=True)
+        >>> bnn = mg.nn.last_layer(net, posterior="normal", estimator="local_reparameterization")
         >>> type(bnn[2]).__name__, bnn[0].weight.requires_grad, bnn[2].weight_rho.requires_grad
         ('BayesLinear', False, True)
     """

@@ -30,6 +30,7 @@ from torch import nn
 
 from ..engine.plan.families import GenericForm, SamplingForm
 from ..engine.noise.streams import BlockStream, mix_seed, resolve_seed
+from ..engine.options import Sampling, resolve_sampling
 
 __all__ = ["BayesianModule", "NoiseKind", "SampleRun", "Window", "Capture", "sample_run", "window", "current_window", "capture",
            "current_capture", "bayesian_modules", "block_rows", "noise_stream", "chunks", "user_shape"]
@@ -158,12 +159,12 @@ def current_window() -> Window | None:
     return _WINDOW.get()
 
 
-def sample_run(model: nn.Module, num_samples: int, seed: int | None = None) -> SampleRun:
+def sample_run(model: nn.Module, num_samples: int | Sampling, seed: int | None = None) -> SampleRun:
     """A :class:`SampleRun` for ``model``: M samples of every Bayesian layer under ``seed``.
 
     Args:
         model: the network; its Bayesian layers are numbered in ``model.modules()`` order.
-        num_samples: M ≥ 1.
+        num_samples: M ≥ 1, or a :class:`~mcgraph.Sampling` with M and ``seed``.
         seed: non-negative int, or ``None`` to draw one from torch's global generator.
 
     Example:
@@ -176,6 +177,8 @@ def sample_run(model: nn.Module, num_samples: int, seed: int | None = None) -> S
         >>> torch.allclose(out, mg.nn.forward_samples(layer, torch.ones(1, 4), 8, seed=0)[2:5, 0])
         True
     """
+    num_samples, o = resolve_sampling(num_samples, seed=(seed, None))
+    seed = o["seed"]
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
     seed = resolve_seed(seed)

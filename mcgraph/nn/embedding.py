@@ -19,6 +19,7 @@ from torch import nn
 from .context import NoiseKind, current_capture, current_window
 from ..engine import checks
 from .layers import BayesLayer, SampleMode
+from .weight_sites import sampled_weights_only
 
 __all__ = ["BayesEmbedding"]
 
@@ -69,11 +70,7 @@ class BayesEmbedding(BayesLayer):
             raise ValueError("sparse=True is not available for BayesEmbedding: the gradient of a drawn table "
                              "reaches μ and ρ densely")
         self.sparse = False
-        for name in ("local_reparameterization", "flipout"):
-            if options.get(name):
-                raise ValueError(f"{name}=True does not apply to an embedding lookup (weights are sampled)")
-        options["local_reparameterization"] = False
-        options.pop("flipout", None)
+        options = sampled_weights_only(options, "an embedding lookup", "its weights are sampled")
         super().__init__((num_embeddings, embedding_dim), embedding_dim, False, **options)
 
     def reset_parameters(self) -> None:

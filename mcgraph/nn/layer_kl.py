@@ -48,6 +48,7 @@ from ..registry import Registry
 from ..engine.shapes import broadcast_shapes
 from ..engine.api import kl_divergence
 from ..engine.noise.streams import mix_seed, resolve_seed
+from ..engine.options import Sampling, resolve_sampling
 from .masks import unmasked_posterior, weight_mask
 
 __all__ = ["LayerKLRule", "LAYER_KL", "register_layer_kl", "find_layer_kl", "divergence", "layer_kl",
@@ -93,13 +94,16 @@ def find_layer_kl(q_type: type, p_type: type) -> LayerKLRule | None:
     return LAYER_KL.lookup((q_type, p_type), None)
 
 
-def divergence(q: Distribution, p: Distribution, num_samples: int, *, seed: int | None = None,
+def divergence(q: Distribution, p: Distribution, num_samples: int | Sampling, *, seed: int | None = None,
                method: str = "auto", process_group=None) -> torch.Tensor:
     """Elementwise KL(q ‖ p) as a Bayesian layer computes it: a registered rule, else :func:`mcgraph.kl_divergence`.
 
     ``process_group`` splits the engine's samples across processes; a registered rule is evaluated
     whole on every rank (the same value everywhere).
     """
+    num_samples, o = resolve_sampling(num_samples, seed=(seed, None), method=(method, "auto"),
+                                      process_group=(process_group, None))
+    seed, method, process_group = o["seed"], o["method"], o["process_group"]
     rule = find_layer_kl(type(q), type(p))
     if rule is None:
         return kl_divergence(q, p, num_samples, seed=seed, method=method, process_group=process_group)

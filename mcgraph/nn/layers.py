@@ -46,10 +46,12 @@ from torch.nn.modules.utils import _ntuple, _reverse_repeat_tuple
 from ..engine import checks
 from ..engine.plan.families import GenericForm, SamplingForm, family_of, location_scale_form
 from ..engine.noise.streams import resolve_seed
+from ..engine.options import Sampling, resolve_sampling
 from ..engine.stderr import MCEstimate, refuse_with_process_group
 from .context import BayesianModule, NoiseKind, current_capture, current_window, form_noise_global, normal_draw, rademacher
 from .layer_kl import layer_kl
 from .masks import adopt_masks
+from .estimator import Estimator, estimator_flags, to_estimator
 from .priors import layer_options, make_prior, resolve_posterior, unchecked
 from .scales import scale_transform as resolve_scale_transform
 
@@ -99,10 +101,11 @@ class BayesLayer(BayesianModule):
             under the default ``method="auto"`` a (posterior, prior) pair with a closed form
             (Normal ‖ Normal, …) or only exact terms draws no noise and ignores it; under
             ``method="monte-carlo"`` (or a forced tier) every term is sampled with M = ``kl_samples``.
-        local_reparameterization: sample pre-activations instead of weights (Gaussian
-            posteriors only).
-        flipout: decorrelate the weight perturbation across the batch (Wen et al.,
-            2018; location-scale posteriors without a transform).
+        estimator: how the output is sampled (:class:`~mcgraph.nn.Estimator`): ``"reparameterization"``
+            (draw the weights), ``"local_reparameterization"`` (draw the pre-activations; mean-field
+            Gaussian posteriors only) or ``"flipout"`` (decorrelate the weight perturbation across the
+            batch, Wen et al., 2018; location-scale posteriors without a transform). ``None``: the
+            posterior family's default, else ``"reparameterization"``.
         bayesian_bias: give the bias a posterior (same family) and a KL term; by
             default it is a deterministic point estimate.
         rho_init: initial ρ; σ = softplus(ρ) (−5 gives σ ≈ 0.0067) under the default transform.
@@ -117,15 +120,21 @@ class BayesLayer(BayesianModule):
         bias: the deterministic bias (``None`` when absent or Bayesian).
         bias_mu, bias_rho: the posterior parameters of a Bayesian bias (else ``None``).
         mode: :class:`SampleMode` (``"sample"`` or ``"mean"``).
+        estimator: the :class:`~mcgraph.nn.Estimator` in use; ``local_reparameterization`` and
+            ``flipout`` are its two booleans.
+
+    ``local_reparameterization=`` and ``flipout=`` are accepted as the deprecated spelling of
+    ``estimator=`` (with a ``DeprecationWarning``).
     """
 
     _channel_axis = 1
 
     def __init__(self, weight_shape, out_channels: int, bias: bool, *, posterior="normal", prior=None,
-                 kl_samples: int = 1, local_reparameterization: bool | None = None, flipout: bool = False,
-                 bayesian_bias: bool = False, rho_init: float | None = None, scale_transform=None, device=None,
-                 dtype=None) -> None:
+                 kl_samples: int = 1, estimator: str | Estimator | None = None, bayesian_bias: bool = False,
+                 rho_init: float | None = None, scale_transform=None, device=None, dtype=None,
+                 local_reparameterization: bool | None = None, flipout: bool | None = None) -> None:
         super().__init__()
+        local_reparameterization, flipout = estimator_flags(estimator, local_reparameterization, flipout)
         # Options left at None take the posterior family's defaults (e.g. "sparse_vd"), else the base ones.
         prior, local_reparameterization, rho_init, scale_transform = layer_options(
             posterior, prior, local_reparameterization, rho_init, scale_transform, flipout=flipout)
@@ -156,6 +165,11 @@ class BayesLayer(BayesianModule):
 
     # ------------------------------------------------------------------ parameters and distributions
 
+    @property
+    def estimator(self) -> Estimator:
+        """The output estimator: ``"local_reparameterization"``, ``"flipout"`` or ``"reparameterization"``."""
+        return to_estimator(self.local_reparameterization, self.flipout)
+
     def reset_parameters(self) -> None:
         """μ as torch initialises the deterministic layer (Kaiming-uniform), ρ = ``rho_init``."""
         nn.init.kaiming_uniform_(self.weight_mu, a=math.sqrt(5))
@@ -183,11 +197,11 @@ class BayesLayer(BayesianModule):
             if self.local_reparameterization and not (
                     isinstance(form, SamplingForm) and form.noise.gaussian and not form.noise.event_ndims
                     and not form.transforms and form.loc is not None):
-                raise ValueError(f"local_reparameterization=True requires a mean-field Gaussian posterior "
+                raise ValueError(f"estimator='local_reparameterization' requires a mean-field Gaussian posterior "
                                  f"(the pre-activation must be Gaussian), got posterior={name}")
             if self.flipout and not (isinstance(form, SamplingForm) and form.loc is not None
                                      and not form.transforms):
-                raise ValueError(f"flipout=True requires a location-scale posterior w = μ + σξ with symmetric "
+                raise ValueError(f"estimator='flipout' requires a location-scale posterior w = μ + σξ with symmetric "
                                  f"noise, got posterior={name}")
             check_prior = getattr(self._posterior_factory, "check_prior", None)
             prior = make_prior(self.prior_spec, self.weight_mu)
@@ -251,7 +265,7 @@ class BayesLayer(BayesianModule):
         path)."""
         return type(self)._plain_distributions
 
-    def kl(self, num_samples: int | None = None, *, seed: int | None = None, method: str = "auto",
+    def kl(self, num_samples: int | Sampling | None = None, *, seed: int | None = None, method: str = "auto",
            return_stderr: bool = False, process_group=None):
         """KL(q ‖ p) of this layer's weight (and Bayesian bias), summed: a 0-d tensor.
 
@@ -265,7 +279,8 @@ class BayesLayer(BayesianModule):
         fit) uses that rule; a pruned layer counts its remaining weights only.
 
         Args:
-            num_samples: M (default: ``self.kl_samples``).
+            num_samples: M (default: ``self.kl_samples``), or a :class:`~mcgraph.Sampling` with M (or
+                ``None``) and the options below.
             seed: noise seed (``None``: drawn from the global generator).
             method: the KL's method (``"auto"``: exact where exact exists; ``"monte-carlo"``:
                 sampled; ``"collapsed-exact"``, ``"direct"``, …; :data:`mcgraph.engine.methods.KL_METHODS`).
@@ -281,6 +296,9 @@ class BayesLayer(BayesianModule):
             >>> layer.kl(seed=0).shape
             torch.Size([])
         """
+        num_samples, o = resolve_sampling(num_samples, seed=(seed, None), method=(method, "auto"),
+                                          return_stderr=(return_stderr, False), process_group=(process_group, None))
+        seed, method, return_stderr, process_group = o["seed"], o["method"], o["return_stderr"], o["process_group"]
         m = self.kl_samples if num_samples is None else checks.positive_int("num_samples", num_samples)
         seed = resolve_seed(seed)
         refuse_with_process_group(return_stderr, process_group)
@@ -423,7 +441,7 @@ class BayesLayer(BayesianModule):
             ValueError: the layer does not use local reparameterization.
         """
         if not self.local_reparameterization:
-            raise ValueError("moments() needs local_reparameterization=True")
+            raise ValueError("moments() needs estimator='local_reparameterization'")
         sigma = self.weight_sigma
         b_var = None if self.bias_mu is None else self.bias_sigma ** 2
         return self._op(x, self.weight_mu, self._bias_mean), self._op(x * x, sigma * sigma, b_var)
@@ -459,10 +477,8 @@ class BayesLayer(BayesianModule):
         flags = [f"posterior={family}", f"prior={prior}", f"kl_samples={self.kl_samples}"]
         if self.scale_transform.name != "softplus":
             flags.append(f"scale_transform={self.scale_transform}")
-        if self.local_reparameterization:
-            flags.append("local_reparameterization=True")
-        if self.flipout:
-            flags.append("flipout=True")
+        if self.estimator is not Estimator.REPARAMETERIZATION:
+            flags.append(f"estimator={self.estimator}")
         if self.bias_mu is not None:
             flags.append("bayesian_bias=True")
         if self.mode != SampleMode.SAMPLE:
@@ -717,7 +733,7 @@ class BayesConvTranspose(_BayesConvNd):
 
     Example:
         >>> import torch, mcgraph as mg
-        >>> up = mg.nn.BayesConvTranspose2d(8, 4, 2, stride=2, local_reparameterization=True)
+        >>> up = mg.nn.BayesConvTranspose2d(8, 4, 2, stride=2, estimator="local_reparameterization")
         >>> up(torch.randn(2, 8, 5, 5)).shape
         torch.Size([2, 4, 10, 10])
     """

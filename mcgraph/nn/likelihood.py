@@ -39,6 +39,7 @@ from torch.autograd.function import once_differentiable
 
 from ..registry import Registry
 from ..engine.noise.streams import BlockStream, resolve_seed
+from ..engine.options import Sampling, resolve_sampling
 from .context import NoiseKind, bayesian_modules, capture, noise_stream, normal_draw, sample_run, window
 from .layers import SampleMode
 
@@ -218,8 +219,8 @@ class SoftmaxCrossEntropyMC(torch.autograd.Function):
         return None, g * d_mean, g * d_std, None
 
 
-def softmax_cross_entropy_mc(mean: torch.Tensor, std: torch.Tensor, target: torch.Tensor, num_samples: int,
-                             seed: int | None = None, chunk_size: int | None = None) -> torch.Tensor:
+def softmax_cross_entropy_mc(mean: torch.Tensor, std: torch.Tensor, target: torch.Tensor, num_samples: int | Sampling,
+                             *, seed: int | None = None, chunk_size: int | None = None) -> torch.Tensor:
     """Monte Carlo softmax cross-entropy of Gaussian logits, memory O(B·K) in M.
 
     .. math::
@@ -230,7 +231,7 @@ def softmax_cross_entropy_mc(mean: torch.Tensor, std: torch.Tensor, target: torc
         mean: ``(B, K)`` logit means m.
         std: ``(B, K)`` positive logit standard deviations s.
         target: ``(B,)`` class indices.
-        num_samples: M ≥ 1.
+        num_samples: M ≥ 1, or a :class:`~mcgraph.Sampling` with M, ``seed`` and ``chunk_size``.
         seed: noise seed (``None``: drawn from the global generator).
         chunk_size: samples per chunk (default: one noise block).
 
@@ -248,6 +249,8 @@ def softmax_cross_entropy_mc(mean: torch.Tensor, std: torch.Tensor, target: torc
         raise ValueError(f"mean and std must both be (B, K), got mean {tuple(mean.shape)}, std {tuple(std.shape)}")
     if target.shape != mean.shape[:1]:
         raise ValueError(f"target must have shape {tuple(mean.shape[:1])}, got {tuple(target.shape)}")
+    num_samples, o = resolve_sampling(num_samples, seed=(seed, None), chunk_size=(chunk_size, None))
+    seed, chunk_size = o["seed"], o["chunk_size"]
     if isinstance(num_samples, bool) or not isinstance(num_samples, numbers.Integral) or num_samples < 1:
         raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
     seed = resolve_seed(seed)
@@ -297,7 +300,7 @@ def last_bayesian_layer(model: nn.Module):
     return layers[-1] if layers else None
 
 
-def expected_log_likelihood(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_samples: int,
+def expected_log_likelihood(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, num_samples: int | Sampling,
                             likelihood: str = "categorical", noise_std=1.0, seed: int | None = None,
                             chunk_size: int | None = None, reduction: str = "mean") -> torch.Tensor:
     """E_q[log p(y | x, W)] over M ≥ 1000 samples of the last layer, memory O(B·K) in M.
@@ -335,7 +338,7 @@ def expected_log_likelihood(model: nn.Module, x: torch.Tensor, y: torch.Tensor, 
     Example:
         >>> import torch, mcgraph as mg
         >>> net = torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.ReLU(),
-        ...                           mg.nn.BayesLinear(16, 3, local_reparameterization=True))
+        ...                           mg.nn.BayesLinear(16, 3, estimator="local_reparameterization"))
         >>> ll = mg.nn.expected_log_likelihood(net, torch.randn(8, 5), torch.randint(0, 3, (8,)),
         ...                                    num_samples=2000, seed=0)
         >>> ll.shape
@@ -346,9 +349,11 @@ def expected_log_likelihood(model: nn.Module, x: torch.Tensor, y: torch.Tensor, 
         raise ValueError("model: has no Bayesian layer in sample mode")
     if not head.local_reparameterization:
         raise ValueError(f"model: the last Bayesian layer ({type(head).__name__}) must use "
-                         "local_reparameterization=True")
+                         "estimator='local_reparameterization'")
     if likelihood not in ("categorical", "gaussian"):
         raise ValueError(f"likelihood must be 'categorical' or 'gaussian', got {likelihood!r}")
+    num_samples, o = resolve_sampling(num_samples, seed=(seed, None), chunk_size=(chunk_size, None))
+    seed, chunk_size = o["seed"], o["chunk_size"]
     run = sample_run(model, num_samples, seed)
     with window(run, 0, 1), capture(head, "moments") as cap:
         out = model(x)

@@ -7,7 +7,7 @@ from torch import nn
 from ..engine import checks
 from ..engine.distributed import sharded
 from ..engine.noise.streams import mix_seed, resolve_seed, reuse_noise_blocks
-from ..engine.options import resolve_sampling
+from ..engine.options import Sampling, resolve_sampling
 from ..engine.stderr import MCEstimate
 from .context import bayesian_modules
 from .model_checks import require_bayesian
@@ -15,7 +15,7 @@ from .model_checks import require_bayesian
 __all__ = ["kl"]
 
 
-def kl(model: nn.Module, num_samples: int | None = None, *, seed: int | None = None,
+def kl(model: nn.Module, num_samples: int | Sampling | None = None, *, seed: int | None = None,
        method: str = "auto", return_stderr: bool = False, process_group=None):
     """Sum of KL(q ‖ p) over the Bayesian layers of ``model``, each with its own prior.
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from ..engine import checks
 from ..engine.distributed import sharded
-from ..engine.options import resolve_sampling
+from ..engine.options import Sampling, resolve_sampling
 from .chunking import device_of, sized_chunks
 from .context import SampleRun, bayesian_modules, capture, sample_run, window
 from .layers import SampleMode
@@ -92,7 +92,7 @@ def run_window(model: nn.Module, x, run: SampleRun, start: int, stop: int, vecto
     return torch.stack([run_window(model, x, run, i, i + 1, True, extra)[0] for i in range(start, stop)])
 
 
-def forward_samples(model: nn.Module, x: torch.Tensor, num_samples: int, *, seed: int | None = None,
+def forward_samples(model: nn.Module, x: torch.Tensor, num_samples: int | Sampling, *, seed: int | None = None,
                     chunk_size: int | None = None, vectorize: bool | None = None) -> torch.Tensor:
     """``num_samples`` forward passes, every Bayesian layer resampled each time: ``(M, B, …)``.
 
@@ -104,7 +104,7 @@ def forward_samples(model: nn.Module, x: torch.Tensor, num_samples: int, *, seed
     Args:
         model: the network.
         x: the input batch ``(B, …)``, or a mapping of keyword inputs (``labels`` is dropped).
-        num_samples: M ≥ 1.
+        num_samples: M ≥ 1, or a :class:`~mcgraph.Sampling` with M and the options below.
         seed: noise seed (``None``: drawn from the global generator).
         chunk_size: samples per forward (default: from the device's memory budget,
             :mod:`mcgraph.engine.budget`).
@@ -121,6 +121,9 @@ def forward_samples(model: nn.Module, x: torch.Tensor, num_samples: int, *, seed
     require_bayesian(model, "mg.nn.forward_samples", noise_suffices=True)
     x, _ = split_batch(x, None, "mg.nn.forward_samples")
     check_batch(x, None, "mg.nn.forward_samples")
+    num_samples, o = resolve_sampling(num_samples, seed=(seed, None), chunk_size=(chunk_size, None),
+                                      vectorize=(vectorize, None))
+    seed, chunk_size, vectorize = o["seed"], o["chunk_size"], o["vectorize"]
     num_samples = checks.positive_int("num_samples", num_samples)
     chunk = checks.positive_int("chunk_size", chunk_size, allow_none=True)
     seed = checks.seed("seed", seed)
@@ -209,7 +212,7 @@ def _sample_logits(model, x, run, start, stop, head, features, vectorize, extra)
 
 
 @torch.no_grad()
-def predict(model: nn.Module, x, num_samples: int, chunk_size: int | None = None, *,
+def predict(model: nn.Module, x, num_samples: int | Sampling, *, chunk_size: int | None = None,
             seed: int | None = None, return_samples: bool = False, trunk_once: bool | None = None,
             vectorize: bool | None = None, process_group=None, likelihood: str = "categorical"):
     """Predictive probabilities ``(1/M) Σ_i softmax(f(x; W_i))``, memory bounded by the chunk.
@@ -229,7 +232,8 @@ def predict(model: nn.Module, x, num_samples: int, chunk_size: int | None = None
     Args:
         model: a classifier returning ``(B, K)`` logits (or a causal LM, see above).
         x: the input batch: a tensor, or a mapping of the model's keyword inputs.
-        num_samples: M ≥ 1.
+        num_samples: M ≥ 1, or a :class:`~mcgraph.Sampling` with M and ``seed``, ``chunk_size``,
+            ``vectorize``, ``process_group``.
         chunk_size: samples per forward (default: from the device's memory budget,
             :mod:`mcgraph.engine.budget`: the first sample's bytes size the chunks of the rest).
         seed: noise seed (``None``: drawn from the global generator).

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
@@ -39,6 +40,7 @@ from ..engine.noise.streams import mix_seed, resolve_seed
 from ..engine.options import Sampling, resolve_sampling
 from ..engine.stderr import MCEstimate, SampleMoments, refuse_with_process_group
 from .chunking import device_of
+from .estimator import user_stacklevel
 from .context import bayesian_modules, chunks, sample_run
 from .network_kl import checked_model_kl
 from .layers import SampleMode
@@ -159,7 +161,7 @@ def _refuse_stray_leaves(value: torch.Tensor, targets, caller: str) -> None:
         shapes = ", ".join(str(tuple(t.shape)) for t in stray[:4]) + (", ..." if len(stray) > 4 else "")
         raise ValueError(f"{caller}: the data term uses {len(stray)} tensor(s) that require grad but are not the "
                          f"model's parameters, x, y, noise_std or the parameters of an nn.Module likelihood "
-                         f"(shapes {shapes}); the many-sample estimate (method='chunked', the default from "
+                         f"(shapes {shapes}); the many-sample estimate (method='accumulated', the default from "
                          f"num_samples=2 on) differentiates only those, so these would get no gradient. Make "
                          f"them parameters of the model (nn.Parameter) or of an nn.Module likelihood, or pass "
                          f"num_samples=mg.Sampling(M, method='direct') (every sample in one graph)")
@@ -187,13 +189,15 @@ class ELBOTerms(NamedTuple):
 CHUNK_ELEMENTS = 1 << 22
 
 
-def default_chunk(model: nn.Module, num_samples: int) -> int:
+def default_chunk(model: nn.Module, num_samples: int | Sampling) -> int:
     """Samples per chunk by weight samples alone: as many as keep them under ``CHUNK_ELEMENTS``.
 
     Only layers that sample weights count (local reparameterization samples activations). The
-    reference ``method="direct"`` evaluates its graph in such chunks; the chunked data term sizes its
+    reference ``method="direct"`` evaluates its graph in such chunks; the accumulated data term sizes its
     chunks from the memory budget instead (:mod:`mcgraph.engine.budget`), which counts activations too.
     """
+    num_samples, _ = resolve_sampling(num_samples)
+    num_samples = checks.positive_int("num_samples", num_samples)
     numel = sum(m.weight_mu.numel() for m in bayesian_modules(model)
                 if m.mode == SampleMode.SAMPLE and not m.local_reparameterization)
     return max(1, min(num_samples, CHUNK_ELEMENTS // max(1, numel)))
@@ -205,7 +209,8 @@ def expected_data_term(model: nn.Module, x, y: torch.Tensor | None = None, *, nu
     """``(1/B) Σ_b (1/M) Σ_i log p(y_b | x_b, W_i)`` over whole-network samples (a 0-d tensor).
 
     ``num_samples``: M, or a :class:`~mcgraph.Sampling` with M and how to sample: ``method``
-    ``"chunked"`` (the default for M ≥ 2: :class:`WholeNetworkMC`, memory of one chunk) or ``"direct"``
+    ``"accumulated"`` (the default for M ≥ 2: :class:`WholeNetworkMC`, each chunk's gradients accumulated
+    in the forward, memory of one chunk) or ``"direct"``
     (every sample in one autograd graph, the naive reference; the default for M = 1, where the one
     sample's graph is what a plain torch step holds and there is nothing to accumulate),
     ``chunk_size`` (default: from the memory budget, :mod:`mcgraph.engine.budget`), ``vectorize`` (default: unless a BatchNorm uses batch
@@ -263,13 +268,18 @@ def _expected_data_term(model, x, y, num_samples, likelihood, noise_std, seed, c
     moments = SampleMoments() if return_stderr else None
     per_token = is_per_token(likelihood)
     chunk = checks.positive_int("chunk_size", chunk_size, allow_none=True)
+    if method == "chunked":
+        warnings.warn("the data term's method='chunked' is deprecated: use 'accumulated' (the engine's 'chunked' "
+                      "is another algorithm, which replays chunks on backward)", DeprecationWarning,
+                      stacklevel=user_stacklevel())
+        method = "accumulated"
     if method is None:  # one sample has nothing to accumulate: its graph is a plain torch step's
-        method = "direct" if num_samples == 1 and shard is None else "chunked"
-    if method not in ("chunked", "direct"):
-        raise ValueError(f"method must be 'chunked' or 'direct', got {method!r}")
+        method = "direct" if num_samples == 1 and shard is None else "accumulated"
+    if method not in ("accumulated", "direct"):
+        raise ValueError(f"method must be 'accumulated' or 'direct', got {method!r}")
     if method == "direct" and shard is not None:
         raise ValueError("method='direct' (the naive graph, for comparisons) does not split samples across "
-                         "processes: use method='chunked' with process_group")
+                         "processes: use method='accumulated' with process_group")
     if isinstance(likelihood, str) and likelihood not in LIKELIHOODS:
         raise ValueError(f"likelihood must be one of {sorted(LIKELIHOODS)} or a callable, got {likelihood!r}")
     batch = batch_size(x)
@@ -405,7 +415,7 @@ def elbo(model: nn.Module, x, y: torch.Tensor | None = None, *, num_samples: int
             ``labels`` entry is taken as ``y``); a transformers ``ModelOutput``'s ``.logits`` are scored.
         y: class indices ``(B,)`` (categorical), values (gaussian) or a causal LM's labels ``(B, T)``
             (token_categorical); ``None`` when ``x`` holds ``labels``.
-        num_samples: M ≥ 1, or a :class:`~mcgraph.Sampling` (``method`` ``"chunked"``, the default from
+        num_samples: M ≥ 1, or a :class:`~mcgraph.Sampling` (``method`` ``"accumulated"``, the default from
             M = 2, or ``"direct"``; ``chunk_size``, by default from the device's memory budget;
             ``vectorize``; ``process_group``, which needs an explicit ``seed``).
         dataset_size: N, the number of training examples (at least the batch size).

@@ -16,6 +16,7 @@ import torch
 
 from ..engine.noise.streams import mix_seed
 from .context import NoiseKind, current_window
+from .estimator import Estimator, estimator_flags, parse_estimator
 from .layers import BayesLinear, SampleMode
 
 __all__ = ["SiteWeights", "site_weights", "sample_rng", "sampled_weights_only"]
@@ -24,11 +25,14 @@ __all__ = ["SiteWeights", "site_weights", "sample_rng", "sampled_weights_only"]
 def sampled_weights_only(options: dict, what: str, why: str) -> dict:
     """The layer options of a module whose sites hand sampled *weights* to a torch kernel: local
     reparameterization and flipout (which sample activations) are refused, naming the option and ``why``."""
+    if parse_estimator(options.get("estimator")) not in (None, Estimator.REPARAMETERIZATION):
+        raise ValueError(f"estimator={options['estimator']!r} is not available for {what}: {why}")
     for name in ("local_reparameterization", "flipout"):
         if options.get(name):
             raise ValueError(f"{name}=True is not available for {what}: {why}")
-    options["local_reparameterization"] = False
-    options.pop("flipout", None)
+    if options.get("local_reparameterization") is not None or options.get("flipout") is not None:
+        estimator_flags(None, options.pop("local_reparameterization", None), options.pop("flipout", None))  # warns
+    options["estimator"] = Estimator.REPARAMETERIZATION
     return options
 
 

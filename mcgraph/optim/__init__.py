@@ -21,6 +21,7 @@ a :class:`SnapshotEnsemble`, which :func:`mcgraph.nn.predict` also takes.
 from .adaptive_vb import AdaptiveVB
 from .gaussian import GaussianVariationalOptimizer, posterior_model
 from .ivon import IVON, HessApprox
+from .choices import ConvGroups, Curvature, EStep, HardStatistic, LinearGroups, LossReduction, Parallel, PruneConv
 from .per_example import SquaredGradients, register_rule
 from .schedules import CyclicalCosineLR
 from .sghmc import AdaptiveSGHMC
@@ -29,6 +30,7 @@ from .snapshots import SnapshotEnsemble
 from .spike_slab import GroupSpec, SpikeSlabEM, register_groups
 from .vogn import VOGN, VOGNVariant
 
-__all__ = ["AdaptiveSGHMC", "AdaptiveVB", "CyclicalCosineLR", "GaussianVariationalOptimizer", "GroupSpec", "HessApprox", "IVON",
-           "SelectFeatures", "SnapshotEnsemble", "SpikeSlabEM", "SquaredGradients", "VOGN", "VOGNVariant",
+__all__ = ["AdaptiveSGHMC", "AdaptiveVB", "ConvGroups", "Curvature", "CyclicalCosineLR", "EStep",
+           "GaussianVariationalOptimizer", "GroupSpec", "HardStatistic", "HessApprox", "IVON", "LinearGroups",
+           "LossReduction", "Parallel", "PruneConv", "SelectFeatures", "SnapshotEnsemble", "SpikeSlabEM", "SquaredGradients", "VOGN", "VOGNVariant",
            "count_compute", "posterior_model", "register_groups", "register_rule", "shrink"]

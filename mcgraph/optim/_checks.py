@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import math
 import numbers
 
@@ -43,10 +44,12 @@ def real_in(name: str, value, low: float, high: float, *, low_open: bool = False
     return v
 
 
-def choice(name: str, value, options) -> str:
-    if value not in options:
-        raise ValueError(f"{name} must be one of {sorted(options)}, got {value!r}")
-    return value
+def choice(name: str, value, options: type[enum.Enum]) -> str:
+    """The string of ``options``' member ``value`` (a member or its string)."""
+    try:
+        return options(value).value
+    except ValueError:
+        raise ValueError(f"{name} must be one of {sorted(o.value for o in options)}, got {value!r}") from None
 
 
 def seed_or_none(name: str, value) -> int | None:

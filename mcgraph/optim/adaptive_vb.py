@@ -67,12 +67,13 @@ import torch
 from torch import nn
 
 from ._checks import choice, non_negative_real, positive_real, real_in
-from .gaussian import GaussianVariationalOptimizer
+from .gaussian import GaussianVariationalOptimizer, renamed_sample_count
+from .choices import Curvature, LossReduction, Parallel
 
 __all__ = ["AdaptiveVB", "CURVATURES"]
 
 #: ``"squared_gradient"``: ĥ = ĝ ⊙ ĝ (the paper); ``"per_example"``: ĥ = mean_i g_i² (as VOGN).
-CURVATURES = ("squared_gradient", "per_example")
+CURVATURES = tuple(c.value for c in Curvature)
 
 
 class AdaptiveVB(GaussianVariationalOptimizer):
@@ -86,21 +87,21 @@ class AdaptiveVB(GaussianVariationalOptimizer):
         betas: ``(β₁, γ)``: the gradient momentum and the precision's rate.
         precision_decay: λ > 0 (1: the variational fixed point).
         prior_precision: δ.
-        num_mc_samples: S ≥ 1 samples per step (the paper uses 1).
+        num_samples: S ≥ 1 samples per step (the paper uses 1).
         warmup_steps: steps without noise, with a running-mean precision (see above).
         curvature: ``"squared_gradient"`` (default, the paper) or ``"per_example"``.
         init_precision: initial π (default: the first minibatch's ``ĥ + δ/N``).
         eps: added to ``π^α`` in the step (as Adam's ε; guards parameters without prior and curvature).
-        batchnorm_prior, loss_reduction, seed, spike_slab, process_group, parallel: as
+        batchnorm_prior, loss_reduction, seed, spike_slab, process_group, parallel, num_mc_samples: as
             :class:`~mcgraph.optim.VOGN`.
     """
 
     def __init__(self, model: nn.Module, dataset_size: int, lr: float = 1e-3, alpha: float = 0.5,
                  betas=(0.9, 0.01), precision_decay: float = 1.0, prior_precision: float = 1.0,
-                 num_mc_samples: int = 1, warmup_steps: int = 0, curvature: str = "squared_gradient",
+                 num_samples: int = 1, warmup_steps: int = 0, curvature: str | Curvature = "squared_gradient",
                  init_precision: float | None = None, eps: float = 1e-8, batchnorm_prior: bool = False,
-                 loss_reduction: str = "mean", seed: int | None = None, spike_slab=None,
-                 process_group=None, parallel: str = "data") -> None:
+                 loss_reduction: str | LossReduction = "mean", seed: int | None = None, spike_slab=None,
+                 process_group=None, parallel: str | Parallel = "data", num_mc_samples: int | None = None) -> None:
         if alpha not in (0.5, 1, 1.0):
             raise ValueError(f"alpha must be 0.5 or 1, got {alpha!r}")
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
@@ -114,10 +115,11 @@ class AdaptiveVB(GaussianVariationalOptimizer):
             "precision_decay": positive_real("precision_decay", precision_decay),
             "prior_precision": non_negative_real("prior_precision", prior_precision),
             "warmup_steps": warmup_steps,
-            "curvature": choice("curvature", curvature, CURVATURES),
+            "curvature": choice("curvature", curvature, Curvature),
             "eps": non_negative_real("eps", eps),
         }
-        super().__init__(model, dataset_size, defaults, num_mc_samples=num_mc_samples, seed=seed,
+        num_samples = renamed_sample_count("AdaptiveVB", num_samples, num_mc_samples)
+        super().__init__(model, dataset_size, defaults, num_samples=num_samples, seed=seed,
                          loss_reduction=loss_reduction, batchnorm_prior=batchnorm_prior,
                          spike_slab=spike_slab, process_group=process_group, parallel=parallel)
         if init_precision is not None:
@@ -166,7 +168,7 @@ class AdaptiveVB(GaussianVariationalOptimizer):
         draw = self.counters["draws"]
         self.counters["draws"] += 1
         sigmas = None if warm else self._sigmas()
-        loss, g, h = self._collect(closure, sigmas, 1 if warm else self.num_mc_samples, draw, curvature=per_example)
+        loss, g, h = self._collect(closure, sigmas, 1 if warm else self.num_samples, draw, curvature=per_example)
         tentative = []
         for (p, group), gi, hi in zip(self._flat(), g, h or [None] * len(g)):
             state = self.state[p]

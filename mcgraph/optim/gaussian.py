@@ -51,12 +51,13 @@ from ..engine.checks import all_finite
 from ..engine.noise.streams import mix_seed, resolve_seed
 from ._checks import choice, positive_int, positive_real
 from ._state import CountedOptimizer
+from .choices import LossReduction, Parallel
 from .per_example import RULES, SquaredGradients, rule_for
 from .seeded_noise import fill_normal
 
 __all__ = ["GaussianVariationalOptimizer", "check_model", "posterior_model", "posterior_sites"]
 
-LOSS_REDUCTIONS = ("mean", "sum")
+LOSS_REDUCTIONS = tuple(r.value for r in LossReduction)
 
 
 def check_model(model: nn.Module, who: str) -> list[tuple[str, nn.Module, dict]]:
@@ -107,7 +108,7 @@ class GaussianVariationalOptimizer(CountedOptimizer):
         model: the network (see the module docstring for the supported layers).
         dataset_size: N, the number of training examples (> 0).
         defaults: the hyperparameters of every group.
-        num_mc_samples: K ≥ 1 weight samples per step.
+        num_samples: K ≥ 1 weight samples per step.
         seed: the noise seed (``None``: drawn from torch's global generator).
         loss_reduction: ``"mean"`` (default) or ``"sum"``: how the closure's loss reduces the batch.
         batchnorm_prior: apply the prior to BatchNorm parameters too.
@@ -120,25 +121,25 @@ class GaussianVariationalOptimizer(CountedOptimizer):
             same batch and split the K samples).
     """
 
-    def __init__(self, model: nn.Module, dataset_size: int, defaults: dict, *, num_mc_samples: int = 1,
-                 seed: int | None = None, loss_reduction: str = "mean", batchnorm_prior: bool = False,
-                 spike_slab=None, process_group=None, parallel: str = "data") -> None:
+    def __init__(self, model: nn.Module, dataset_size: int, defaults: dict, *, num_samples: int = 1,
+                 seed: int | None = None, loss_reduction: str | LossReduction = "mean", batchnorm_prior: bool = False,
+                 spike_slab=None, process_group=None, parallel: str | Parallel = "data") -> None:
         who = type(self).__name__
         modules = check_model(model, who)
         if isinstance(dataset_size, bool) or not isinstance(dataset_size, (int, float)) or not dataset_size > 0 \
                 or not math.isfinite(dataset_size):
             raise ValueError(f"dataset_size must be > 0 (the number of training examples), got {dataset_size!r}")
         self.dataset_size = dataset_size
-        self.num_mc_samples = positive_int("num_mc_samples", num_mc_samples)
-        self.loss_reduction = choice("loss_reduction", loss_reduction, LOSS_REDUCTIONS)
+        self.num_samples = positive_int("num_samples", num_samples)
+        self.loss_reduction = choice("loss_reduction", loss_reduction, LossReduction)
         self.seed = resolve_seed(seed)
-        self.parallel = choice("parallel", parallel, ("data", "samples"))
+        self.parallel = choice("parallel", parallel, Parallel)
         self._shard = None
         if process_group is not None:
             from ..engine.distributed import SampleShard, check_process_group
 
             self._shard = SampleShard(check_process_group(process_group))
-            self._shard.seed, self._shard.num_samples = self.seed, self.num_mc_samples
+            self._shard.seed, self._shard.num_samples = self.seed, self.num_samples
         self.model = model
         self.spike_slab = spike_slab
         groups = []
@@ -153,6 +154,13 @@ class GaussianVariationalOptimizer(CountedOptimizer):
         self.counters = {"step": 0, "draws": 0, "skipped": 0, "initialized": False}
 
     # ------------------------------------------------------------------ bookkeeping
+
+    @property
+    def num_mc_samples(self) -> int:
+        """Deprecated: :attr:`num_samples`."""
+        warnings.warn(f"{type(self).__name__}.num_mc_samples is deprecated; use .num_samples", DeprecationWarning,
+                      stacklevel=2)
+        return self.num_samples
 
     def _flat(self) -> list[tuple[nn.Parameter, dict]]:
         return [(p, g) for g in self.param_groups for p in g["params"]]
@@ -485,3 +493,13 @@ def posterior_model(model: nn.Module, posterior: dict[str, Normal], *, prior_pre
             mu.copy_(q.loc)
             rho.copy_(q.scale.clamp_min(torch.finfo(q.scale.dtype).tiny).log())
     return bnn
+
+
+def renamed_sample_count(who: str, num_samples: int, num_mc_samples: int | None) -> int:
+    """``num_samples``, or the deprecated ``num_mc_samples`` with a warning (not both)."""
+    if num_mc_samples is None:
+        return num_samples
+    if num_samples != 1:
+        raise TypeError(f"{who}: num_mc_samples is the deprecated name of num_samples; give num_samples only")
+    warnings.warn(f"{who}(num_mc_samples=...) is deprecated; use num_samples=...", DeprecationWarning, stacklevel=3)
+    return num_mc_samples

@@ -70,10 +70,11 @@ from torch import nn
 
 from ..registry import Registry
 from ._checks import choice, non_negative_real, positive_real, real_in
+from .choices import ConvGroups, EStep, HardStatistic, LinearGroups, PruneConv
 
 __all__ = ["SpikeSlabEM", "GroupSpec", "register_groups", "GROUP_RULES", "ESTEPS"]
 
-ESTEPS = ("probability", "threshold")
+ESTEPS = tuple(e.value for e in EStep)
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,8 @@ class SpikeSlabEM:
         slab_decay: e₁ (mean-loss scale).
         spike_decay: e₀ > e₁.
         prior_inclusion: π ∈ (0, 1) of the probability E-step.
-        estep: ``"probability"`` (default) or ``"threshold"`` (the code's).
+        estep: ``"probability"`` (default) or ``"threshold"`` (the code's); a :class:`~mcgraph.optim.EStep`
+            or its string, as are the four options below (:mod:`mcgraph.optim.choices`).
         soft_threshold: the threshold E-step's bound on ``mean(β_g²)``.
         hard_threshold: groups whose statistic is below it are pruned.
         hard_statistic: ``"mean_square"`` (default) or ``"range"``.
@@ -146,9 +148,9 @@ class SpikeSlabEM:
     """
 
     def __init__(self, model: nn.Module, dataset_size: int, *, slab_decay: float = 5e-4, spike_decay: float = 1e-1,
-                 prior_inclusion: float = 0.5, estep: str = "probability", soft_threshold: float = 1e-2,
-                 hard_threshold: float = 1e-3, hard_statistic: str = "mean_square", linear_groups: str = "input",
-                 conv_groups: str = "kernel", prune_conv: str = "channels", warmup: int = 0,
+                 prior_inclusion: float = 0.5, estep: str | EStep = "probability", soft_threshold: float = 1e-2,
+                 hard_threshold: float = 1e-3, hard_statistic: str | HardStatistic = "mean_square", linear_groups: str | LinearGroups = "input",
+                 conv_groups: str | ConvGroups = "kernel", prune_conv: str | PruneConv = "channels", warmup: int = 0,
                  exclude=()) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -161,15 +163,15 @@ class SpikeSlabEM:
             raise ValueError(f"spike_decay must be > slab_decay (the spike is the narrower prior), got "
                              f"spike_decay={spike_decay!r}, slab_decay={slab_decay!r}")
         self.prior_inclusion = real_in("prior_inclusion", prior_inclusion, 0.0, 1.0, low_open=True, high_open=True)
-        self.estep = choice("estep", estep, ESTEPS)
+        self.estep = choice("estep", estep, EStep)
         self.soft_threshold = non_negative_real("soft_threshold", soft_threshold)
         self.hard_threshold = non_negative_real("hard_threshold", hard_threshold)
         if math.isnan(self.hard_threshold):
             raise ValueError("hard_threshold must not be NaN")
-        self.hard_statistic = choice("hard_statistic", hard_statistic, ("mean_square", "range"))
-        options = {"linear_groups": choice("linear_groups", linear_groups, ("input", "output")),
-                   "conv_groups": choice("conv_groups", conv_groups, ("kernel", "filter", "channel")),
-                   "prune_conv": choice("prune_conv", prune_conv, ("channels", "em"))}
+        self.hard_statistic = choice("hard_statistic", hard_statistic, HardStatistic)
+        options = {"linear_groups": choice("linear_groups", linear_groups, LinearGroups),
+                   "conv_groups": choice("conv_groups", conv_groups, ConvGroups),
+                   "prune_conv": choice("prune_conv", prune_conv, PruneConv)}
         self.options = options
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
             raise ValueError(f"warmup must be an int >= 0 (epochs), got {warmup!r}")

@@ -60,7 +60,7 @@ Example:
     <torch._C.Generator object at ...>
     >>> net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
     >>> x, y = torch.randn(64, 4), torch.randint(0, 3, (64,))
-    >>> opt = mg.optim.VOGN(net, dataset_size=64, lr=1e-2, num_mc_samples=2, seed=0)
+    >>> opt = mg.optim.VOGN(net, dataset_size=64, lr=1e-2, num_samples=2, seed=0)
     >>> def closure():
     ...     opt.zero_grad()
     ...     loss = F.cross_entropy(net(x), y)
@@ -87,7 +87,8 @@ from torch import nn
 from ..engine.checks import all_finite
 from . import cpu_kernels, updates
 from ._checks import non_negative_real, positive_int, positive_real, real_in
-from .gaussian import GaussianVariationalOptimizer
+from .gaussian import GaussianVariationalOptimizer, renamed_sample_count
+from .choices import LossReduction, Parallel
 
 __all__ = ["VOGN", "VOGNVariant"]
 
@@ -116,7 +117,7 @@ class VOGN(GaussianVariationalOptimizer):
         tempering: τ > 0 (after the warm-up).
         tempering_init: τ at step 1 of a linear warm-up (default: no warm-up).
         tempering_warmup_steps: length of that warm-up in steps.
-        num_mc_samples: K ≥ 1 weight samples per step.
+        num_samples: K ≥ 1 weight samples per step.
         data_augmentation_factor: ρ > 0 (``N ← ρN``).
         init_precision: initial ``s`` (default: ``ĥ`` of the first minibatch).
         variant: ``"paper"`` (default) or ``"torchsso"`` (:class:`VOGNVariant`).
@@ -136,6 +137,7 @@ class VOGN(GaussianVariationalOptimizer):
             compiler is found; else torch's operations. ``True``: the same, raising at construction
             when the kernels cannot be built. ``False``: torch's operations. Both give the same numbers
             bit for bit.
+        num_mc_samples: the deprecated name of ``num_samples`` (warns).
 
     Raises:
         TypeError: an unsupported layer owns parameters, or ``model`` is not a module.
@@ -144,12 +146,12 @@ class VOGN(GaussianVariationalOptimizer):
 
     def __init__(self, model: nn.Module, dataset_size: int, lr: float = 1e-3, betas=(0.9, 0.999),
                  prior_precision: float = 1.0, damping: float = 3e-2, tempering: float = 1.0,
-                 tempering_init: float | None = None, tempering_warmup_steps: int = 0, num_mc_samples: int = 1,
+                 tempering_init: float | None = None, tempering_warmup_steps: int = 0, num_samples: int = 1,
                  data_augmentation_factor: float = 1.0, init_precision: float | None = None,
                  variant: str | VOGNVariant = VOGNVariant.PAPER, batchnorm_prior: bool = False,
-                 loss_reduction: str = "mean", seed: int | None = None, spike_slab=None,
-                 process_group=None, parallel: str = "data", check_noise: bool = True,
-                 fused: bool | None = None) -> None:
+                 loss_reduction: str | LossReduction = "mean", seed: int | None = None, spike_slab=None,
+                 process_group=None, parallel: str | Parallel = "data", check_noise: bool = True,
+                 fused: bool | None = None, num_mc_samples: int | None = None) -> None:
         self.fused = cpu_kernels.checked_fused(fused, "VOGN kernels")
         self.check_noise = bool(check_noise)
         self._vmap_refused = False  # step_samples found a layer vmap cannot batch: later calls take step()
@@ -175,7 +177,8 @@ class VOGN(GaussianVariationalOptimizer):
             "init_precision": None if init_precision is None else non_negative_real("init_precision", init_precision),
             "variant": variant.value,
         }
-        super().__init__(model, dataset_size, defaults, num_mc_samples=num_mc_samples, seed=seed,
+        num_samples = renamed_sample_count("VOGN", num_samples, num_mc_samples)
+        super().__init__(model, dataset_size, defaults, num_samples=num_samples, seed=seed,
                          loss_reduction=loss_reduction, batchnorm_prior=batchnorm_prior,
                          spike_slab=spike_slab, process_group=process_group, parallel=parallel)
         if init_precision is not None:
@@ -249,7 +252,7 @@ class VOGN(GaussianVariationalOptimizer):
         (mean over the batch) and calls ``backward()``; it is called ``K`` times (``K + 1``
         on the first step when ``init_precision`` is ``None``).
         """
-        return self._step(closure, lambda sigmas, draw: self._collect(closure, sigmas, self.num_mc_samples, draw,
+        return self._step(closure, lambda sigmas, draw: self._collect(closure, sigmas, self.num_samples, draw,
                                                                      curvature=True))
 
     def step_samples(self, loss_fn: Callable[[], torch.Tensor], *, vectorize: bool | None = None,
@@ -283,7 +286,7 @@ class VOGN(GaussianVariationalOptimizer):
             >>> import torch, torch.nn.functional as F, mcgraph as mg
             >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
             >>> x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
-            >>> opt = mg.optim.VOGN(net, dataset_size=16, num_mc_samples=8, seed=0)
+            >>> opt = mg.optim.VOGN(net, dataset_size=16, num_samples=8, seed=0)
             >>> loss = opt.step_samples(lambda: F.cross_entropy(net(x), y))
         """
         from .batched_samples import Unbatchable, check_batchable
@@ -296,7 +299,7 @@ class VOGN(GaussianVariationalOptimizer):
             loss.backward()
             return loss
 
-        if vectorize is False or (vectorize is None and (self.num_mc_samples == 1 or self._vmap_refused)):
+        if vectorize is False or (vectorize is None and (self.num_samples == 1 or self._vmap_refused)):
             return self.step(closure)
         try:
             check_batchable(self.model)  # before the initialisation pass runs the model once
@@ -309,7 +312,7 @@ class VOGN(GaussianVariationalOptimizer):
         buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
         try:
             return self._step(closure, lambda sigmas, draw: self._collect_batched(
-                loss_fn, sigmas, self.num_mc_samples, draw, chunk_size))
+                loss_fn, sigmas, self.num_samples, draw, chunk_size))
         except Unbatchable:
             if vectorize:
                 raise
