@@ -81,6 +81,13 @@ $(INTEROP_STAMP): $(STAMP)
 		torch-uncertainty==0.13.0 einops==0.8.2 ivon-opt==0.1.3
 	$(PY) -m pip install -q pyro-ppl==1.9.2
 	$(PY) -m pip install -q transformers==5.25.0 peft==0.21.2  # transformers >= 5.25 needs Hugging Face's `kernels`
+	# laplace-torch (lora_table's Laplace baselines) and its dependencies, without torchvision: PyPI's torchvision
+	# is built against the CUDA torch and fails to import beside the CPU build, and torchmetrics imports it
+	# whenever it is installed (then `import laplace` fails); laplace, backpack and curvlinops never need it
+	$(PY) -m pip install -q --no-deps laplace-torch==0.3 curvlinops-for-pytorch==3.0.1 backpack-for-pytorch==1.7.1 \
+		asdfghjkl==0.1a4 einconv==0.1.0 linear_operator==0.6.1 unfoldNd==0.2.3 torchmetrics==1.9.0 \
+		lightning-utilities==0.15.3 opt-einsum==3.4.0 scipy tqdm
+	$(PY) -c "import laplace"
 	@if $(PY) -m pip check | grep -iE "(requires|requirement) torch[^a-z_-]"; then \
 		echo "a peer library asks for another torch" >&2; exit 1; fi
 	touch $@
