@@ -172,7 +172,7 @@ def test_elbo_gradients_match_a_per_sample_autograd_reference_float64(chunk_size
 def test_predict_next_token_reads_each_rows_last_attended_position():
     """Right-padded rows of different lengths: the predictive of each row's next token equals that of the
     row alone, unpadded (weight noise, so the samples do not depend on the batch)."""
-    model = _lora(_gpt2(), local_reparameterization=False)
+    model = _lora(_gpt2(), estimator="reparameterization")
     ids, mask, _ = _batch()
     M = 6
     probs = mg.nn.predict(model, {"input_ids": ids, "attention_mask": mask}, M, seed=4, likelihood=TOKEN)
@@ -199,7 +199,7 @@ class _Logits(nn.Module):
 
 
 def test_predict_left_padding_and_a_plain_logits_model():
-    model = _Logits(_lora(_gpt2(), local_reparameterization=False))
+    model = _Logits(_lora(_gpt2(), estimator="reparameterization"))
     ids, _, _ = _batch(lengths=(6, 6), length=6)
     got = mg.nn.predict(model, ids, 5, seed=1, likelihood=TOKEN, return_samples=True)
     ref = torch.softmax(mg.nn.forward_samples(model, ids, 5, seed=1)[:, :, -1], -1)

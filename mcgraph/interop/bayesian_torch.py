@@ -17,7 +17,7 @@ weight). ``LSTMReparameterization`` / ``LSTMFlipout`` hold two such Linear layer
 * :func:`to_mcgraph` converts models built by ``dnn_to_bnn`` (``dnn_to_bnn_flag=True``, layers
   returning only their output). A prior whose buffers hold one value (the usual case) becomes that
   scalar Normal; per-element priors (MOPED) stay buffers shared with the converted layer; flipout
-  layers become ``flipout=True`` layers (mcgraph's flipout draws signs per example and channel,
+  layers become ``estimator="flipout"`` layers (mcgraph's flipout draws signs per example and channel,
   bayesian-torch's per element: the same estimator in distribution). ``LSTMReparameterization``
   becomes :class:`BayesianTorchLSTM` (below). Layers returning ``(out, kl)`` tuples and
   ``LSTMFlipout`` are refused.

@@ -82,6 +82,7 @@ from torch.distributions import Cauchy, Distribution, Laplace, Normal, StudentT
 
 from ..engine import checks
 from .context import BayesianModule
+from .estimator import Estimator, estimator_flags, to_estimator
 from .layers import BayesLinear
 from .mc_dropout import MCDropout
 from .module_select import selector
@@ -410,9 +411,9 @@ def make_adapter(base_layer: nn.Module, rank: int, *, alpha: float | None = None
 
 def bayesian_lora(model: nn.Module, rank: int, *, targets=None, alpha: float | None = None, dropout: float = 0.0,
                   posterior="normal", prior=None, prior_on: str | None = None, kl_samples: int = 1,
-                  variational: str = "A",
-                  local_reparameterization: bool | None = None, flipout: bool = False, rho_init: float | None = None,
-                  scale_transform=None, trainable=None, inplace: bool = False) -> nn.Module:
+                  variational: str = "A", estimator: str | Estimator | None = None, rho_init: float | None = None,
+                  scale_transform=None, trainable=None, inplace: bool = False,
+                  local_reparameterization: bool | None = None, flipout: bool | None = None) -> nn.Module:
     """Variational LoRA: a Bayesian low-rank update ``(α/r)·B·A`` on each targeted layer of a frozen model.
 
     .. math::
@@ -438,9 +439,10 @@ def bayesian_lora(model: nn.Module, rank: int, *, targets=None, alpha: float | N
         alpha: α of the scaling α / r (default: r, i.e. scaling 1, peft's default with ``lora_alpha = r``).
         dropout: LoRA dropout on the adapter's input in [0, 1), in ``train()`` mode only (seeded per sample
             inside sample runs).
-        posterior, kl_samples, local_reparameterization, flipout, rho_init, scale_transform: the
-            options of :class:`~mcgraph.nn.BayesLayer` for the variational factor(s) (``None``: the
-            posterior family's default, else ``False``, −5, ``"softplus"``).
+        posterior, kl_samples, estimator, rho_init, scale_transform: the options of
+            :class:`~mcgraph.nn.BayesLayer` for the variational factor(s) (``None``: the posterior family's
+            default, else ``"reparameterization"``, −5, ``"softplus"``).
+        local_reparameterization, flipout: the deprecated spelling of ``estimator`` (warns).
         prior: the factors' prior, as :class:`~mcgraph.nn.BayesLayer`'s ``prior=``. ``None`` (default):
             the posterior family's default prior (``"sparse_vd"``: log-uniform), and where that is the
             Normal, :class:`InitNormal`: N(0, 1/(3·fan_in)), the spread of the factor's initialisation.
@@ -518,8 +520,8 @@ def bayesian_lora(model: nn.Module, rank: int, *, targets=None, alpha: float | N
     if prior_on == "scale":
         prior = ScaleOnlyPrior(layer_options(posterior, prior)[0])
         ScaleOnlyPrior(prior)(like)  # a prior of another family: the error names prior_on
-    options = dict(posterior=posterior, prior=prior, kl_samples=kl_samples,
-                   local_reparameterization=local_reparameterization, flipout=flipout, rho_init=rho_init,
+    estimator = to_estimator(*estimator_flags(estimator, local_reparameterization, flipout))
+    options = dict(posterior=posterior, prior=prior, kl_samples=kl_samples, estimator=estimator, rho_init=rho_init,
                    scale_transform=scale_transform)
     if not inplace:
         wanted = {c[0] for c in found}
