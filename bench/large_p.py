@@ -1,4 +1,4 @@
-"""Large-P targets of the speed issue, side by side with the figures they must beat.
+"""Large-P speed targets, side by side with the figures they must beat.
 
     python -m bench.large_p --P 1000000 --M 100 --threads 1 2 --reps 5 --out bench/results/large_p.jsonl
 

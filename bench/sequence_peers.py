@@ -37,7 +37,7 @@ step's 2·M·P standard normals (each sample's noise in the forward pass and aga
 backward) with ``torch.randn`` on the device (:func:`bench.gpu_check.randn_floor_s`).
 ``--chunk-size 0`` runs mcgraph with its own default chunks.
 
-Targets (the issue's): mcgraph's peak RSS at M = 256 ≤ 1.3× its M = 1 value; its time ≤ the best peer's
+Targets: mcgraph's peak RSS at M = 256 ≤ 1.3× its M = 1 value; its time ≤ the best peer's
 at every M ≥ 16.
 
 Usage (``make interop`` installs the peers, ``make data`` MNIST)::

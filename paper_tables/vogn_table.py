@@ -127,7 +127,8 @@ def stepper(arm: str, s: dict, ds, seed: int):
     if arm == "vogn":
         v = dict(h)
         v["betas"] = tuple(v["betas"])
-        v["num_samples"] = v.pop("num_mc_samples")  # the schedule's key stays: it is part of the stored runs' keys
+        if "num_mc_samples" in v:  # the schedule's key stays: it is part of the stored runs' keys
+            v["num_samples"] = v.pop("num_mc_samples")
         opt = VOGN(model, n, seed=seed, **v)
     elif arm == "ivon":
         from mcgraph.optim import IVON

@@ -23,7 +23,7 @@ import distributed_cases as cases
 import mcgraph as mg
 from mcgraph.engine.distributed import owned_range
 
-#: rtol of the comparison with the single-process result per dtype (the issue's contract).
+#: rtol of the comparison with the single-process result per dtype (the contract).
 RTOL = {"float64": 1e-9, "float32": 2e-4}
 
 

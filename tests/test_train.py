@@ -84,7 +84,7 @@ def _read(out):
 @pytest.mark.skipif(not HAS_SKLEARN, reason="scikit-learn not installed")
 def test_digits_bnn_reaches_90_percent(tmp_path):
     # The CI-sized run: ~20 s on an idle 2-core machine (the wall time is a benchmark figure,
-    # reported in the issue note, not asserted here: shared runners make timed tests flaky).
+    # reported with the benchmarks, not asserted here: shared runners make timed tests flaky).
     out = tmp_path / "run"
     code = cli_main(["train", "--model", "mlp", "--hidden", "128", "--dataset", "digits", "--posterior", "radial",
                      "--prior", "normal", "--kl-samples", "100", "--epochs", "5", "--batch-size", "64",
