@@ -78,7 +78,7 @@ def test_layer_shapes_and_kl_equal_direct(kind, posterior, prior):
 def test_estimators_shapes_and_chunk_invariance(kind, option):
     cls, args, in_shape, out_shape = kind
     torch.manual_seed(1)
-    opts = {} if option == "weights" else {option: True}
+    opts = {"weights": {}, "bayesian_bias": {"bayesian_bias": True}}.get(option, {"estimator": option})
     layer = cls(*args, **opts)
     x = torch.randn(in_shape)
     assert layer(x).shape == out_shape
@@ -109,7 +109,7 @@ def test_grouped_conv_and_padding_mode():
 def test_layers_keep_no_noise_buffers_and_draw_fresh_noise():
     torch.manual_seed(0)
     for cls, args, in_shape, _ in LAYER_KINDS:
-        for opts in ({}, {"local_reparameterization": True}, {"flipout": True}):
+        for opts in ({}, {"estimator": "local_reparameterization"}, {"estimator": "flipout"}):
             layer = cls(*args, **opts)
             assert list(layer.buffers()) == []
             x = torch.randn(in_shape)
@@ -135,7 +135,7 @@ def test_weight_sample_law():
     torch.manual_seed(0)
     x = torch.randn(4, 6)
     stats = []
-    for opts in ({}, {"local_reparameterization": True}, {"flipout": True}):
+    for opts in ({}, {"estimator": "local_reparameterization"}, {"estimator": "flipout"}):
         torch.manual_seed(0)
         layer = mnn.BayesLinear(6, 3, rho_init=0.0, **opts)
         out = mnn.forward_samples(layer, x, 4000, seed=11, chunk_size=1000)
@@ -425,7 +425,7 @@ def test_lognormal_and_callable_posteriors():
                          + [("normal", "local_reparameterization")])  # local needs a Gaussian posterior
 def test_elbo_chunked_equals_direct(posterior, option):
     torch.manual_seed(0)
-    opts = {} if option == "weights" else {option: True}
+    opts = {"weights": {}, "bayesian_bias": {"bayesian_bias": True}}.get(option, {"estimator": option})
     net = mnn.bayesify(small_cnn(), posterior=posterior, prior="scale_mixture", kl_samples=30, rho_init=-2.0, **opts)
     x, y = torch.randn(4, 1, 8, 8), torch.randint(0, 3, (4,))
     results = []

@@ -122,7 +122,7 @@ class NetCase:
 
     def network(self):
         torch.manual_seed(self.init_seed)
-        opts = {} if self.option == "weights" else {self.option: True}
+        opts = {} if self.option == "weights" else {"estimator": self.option}
         net = mg.nn.bayesify(self.arch.build().to(self.dtype), posterior=self.posterior, prior=self.prior,
                              kl_samples=3, rho_init=-2.0, bayesian_bias=self.bayesian_bias, **opts)
         net.train(self.training)
