@@ -73,7 +73,7 @@ def test_sparse_vd_layer_defaults_and_overrides():
     assert layer.local_reparameterization and layer.scale_transform.name == "exp_half"
     assert type(layer.prior).__name__ == "LogUniform"
     assert torch.allclose(layer.weight_rho, torch.full_like(layer.weight_rho, -10.0))
-    plain = mg.nn.BayesLinear(3, 2, posterior="sparse_vd", local_reparameterization=False)
+    plain = mg.nn.BayesLinear(3, 2, posterior="sparse_vd", estimator="reparameterization")
     assert not plain.local_reparameterization
     assert mg.nn.BayesLinear(3, 2).scale_transform.name == "softplus"  # other families keep the old defaults
     assert mg.nn.BayesConv2d(2, 3, 3, posterior="sparse_vd")(torch.randn(2, 2, 5, 5)).shape == (2, 3, 3, 3)
@@ -112,7 +112,7 @@ def test_ard_refuses_non_gaussian_posteriors_and_flipout_overrides_the_default()
     for posterior in ("radial", "laplace", "lognormal"):
         with pytest.raises(ValueError, match="prior: 'ard' needs a Gaussian posterior"):
             mg.nn.BayesLinear(3, 2, posterior=posterior, prior="ard")
-    layer = mg.nn.BayesLinear(3, 2, posterior="sparse_vd", flipout=True)
+    layer = mg.nn.BayesLinear(3, 2, posterior="sparse_vd", estimator="flipout")
     assert layer.flipout and not layer.local_reparameterization
 
 
@@ -293,7 +293,7 @@ def test_pruning_errors():
 def test_prune_l1_threshold_and_fraction():
     torch.manual_seed(0)
     bbb = mg.nn.bayesify(mg.models.get_model("lenet5", width=0.5), scale_transform=mg.nn.softplus_beta(2.0),
-                         local_reparameterization=True)
+                         estimator="local_reparameterization")
     mus = torch.cat([m.weight_mu.detach().abs().flatten() for m in mg.nn.bayesian_modules(bbb)])
     report = mg.nn.prune_l1(bbb, fraction=0.3)
     assert report.kept == mus.numel() - round(0.3 * mus.numel())
