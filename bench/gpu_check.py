@@ -548,6 +548,13 @@ def _families_md(sec: dict) -> list[str]:
     return lines
 
 
+def _timed_cells(r: dict) -> str:
+    """The cells status | time ms | randn floor ms | × floor | peak memory of a timed row."""
+    status = "ok" if "time_s" in r else r.get("status", "?")
+    return (f"{status} | {_ms(r.get('time_s'))} | {_ms(r.get('randn_floor_s'))} | {_times(r.get('of_floor'))} | "
+            f"{_fmt_bytes(r.get('peak_bytes'))}")
+
+
 def _sequence_md(sec: dict) -> list[str]:
     lines = ["", "## Bayesian LSTM classifier, full ELBO over M samples (bench/sequence_peers.py)", ""]
     first = next((r for r in sec["rows"] if "time_s" in r), {})
@@ -559,10 +566,7 @@ def _sequence_md(sec: dict) -> list[str]:
     lines += ["| provider | M | status | time ms | randn floor ms | × floor | peak memory | weight draws per "
               "sequence |", "|---|---|---|---|---|---|---|---|"]
     for r in sec["rows"]:
-        ok = "time_s" in r
-        lines.append(f"| {r['provider']} | {r.get('M', '')} | {'ok' if ok else r.get('status', '?')} | "
-                     f"{_ms(r.get('time_s'))} | {_ms(r.get('randn_floor_s'))} | {_times(r.get('of_floor'))} | "
-                     f"{_fmt_bytes(r.get('peak_bytes'))} | {r.get('draws_per_sequence', '–')} |")
+        lines.append(f"| {r['provider']} | {r.get('M', '')} | {_timed_cells(r)} | {r.get('draws_per_sequence', '–')} |")
     if sec.get("summary"):
         lines += [""] + [f"    {line}" for line in sec["summary"]]
     return lines
@@ -580,10 +584,7 @@ def _lora_md(sec: dict) -> list[str]:
     for r in sec["rows"]:
         if str(r.get("mode", "")).startswith("interleaved"):
             continue
-        ok = "time_s" in r
-        lines.append(f"| {r['mode']} | {r['provider']} | {r['M']} | {'ok' if ok else r.get('status', '?')} | "
-                     f"{_ms(r.get('time_s'))} | {_ms(r.get('randn_floor_s'))} | {_times(r.get('of_floor'))} | "
-                     f"{_fmt_bytes(r.get('peak_bytes'))} |")
+        lines.append(f"| {r['mode']} | {r['provider']} | {r['M']} | {_timed_cells(r)} |")
     return lines
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import mcgraph as mg
+from child_env import child_env
 from mcgraph.apps import atomic_io
 from mcgraph.apps import train as mtrain
 
@@ -33,7 +33,6 @@ pytestmark = pytest.mark.integration
 
 pytest.importorskip("sklearn")
 
-ROOT = str(Path(mg.__file__).parents[1])
 EPOCHS = 8
 TINY = ["--model", "mlp", "--hidden", "8", "--dataset", "digits", "--batch-size", "128", "--limit-train", "512",
         "--limit-test", "64", "--kl-samples", "4", "--eval-samples", "2", "--periodic-eval-samples", "2",
@@ -47,14 +46,6 @@ PATHS = {
     "adaptive-vb": ["--optimizer", "adaptive-vb", "--mc-samples", "2"],
     "sghmc": ["--optimizer", "adaptive-vb", "--avb-form", "sghmc", "--snapshots-per-cycle", "2"],
 }
-
-
-def _env(**extra) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    for key in ("MCGRAPH_ATOMIC_PAUSE_S", "MCGRAPH_ATOMIC_FAIL", "MCGRAPH_ATOMIC_MATCH", "MCGRAPH_FAULT_NONFINITE"):
-        env.pop(key, None)
-    env.update(extra)
-    return env
 
 
 class Child:
@@ -119,7 +110,7 @@ def _bitwise_equal(a: dict, b: dict) -> bool:
 
 def _reference(tmp_path: Path, name: str, extra: list) -> tuple[dict, int, float]:
     out = tmp_path / f"{name}-reference"
-    child = Child(TINY + extra + ["--out", str(out)], _env())
+    child = Child(TINY + extra + ["--out", str(out)], child_env())
     assert child.finish() == 0, child.stderr[-3000:]
     model, step = _params(out / "checkpoint.pt")
     return model, step, time.monotonic() - child.start
@@ -138,7 +129,7 @@ def _kill_chain(tmp_path: Path, name: str, extra: list, kinds: list, rng: random
         done_epochs = atomic_io.load_checkpoint(ckpt)[0]["epoch"] if ckpt.exists() else 0
         # a killed run resumes as a person would: `mcgraph train --resume PATH` alone
         argv = ["--resume", str(ckpt)] if ckpt.exists() else TINY + extra + ["--out", str(out)]
-        env = _env()
+        env = child_env()
         if kind == "write":
             env.update(MCGRAPH_ATOMIC_PAUSE_S="0.5", MCGRAPH_ATOMIC_MATCH="checkpoint.pt")
         child = Child(argv, env)
@@ -238,7 +229,7 @@ print("done", flush=True)
 
 def _write_and_kill(path: Path, how: str, epoch: int, kill_when) -> bool:
     """Run the writer; SIGKILL it as soon as ``kill_when()`` holds. True when the kill landed mid-write."""
-    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path), how, str(epoch)], env=_env(),
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path), how, str(epoch)], env=child_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "writing", proc.stderr.read()
     deadline = time.monotonic() + 60
@@ -251,7 +242,7 @@ def _write_and_kill(path: Path, how: str, epoch: int, kill_when) -> bool:
 
 
 def _write(path: Path, how: str, epoch: int) -> None:
-    done = subprocess.run([sys.executable, "-c", _WRITER, str(path), how, str(epoch)], env=_env(),
+    done = subprocess.run([sys.executable, "-c", _WRITER, str(path), how, str(epoch)], env=child_env(),
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 
@@ -293,7 +284,7 @@ def test_kill_inside_the_checkpoint_write_old_code_loses_it_new_code_keeps_it(tm
     assert after == 1 and atomic_io.load_checkpoint(new)[0]["epoch"] == 1
     # and killed inside the pause between the complete temporary file and os.replace
     proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(new), "new", "3"],
-                            env=_env(MCGRAPH_ATOMIC_PAUSE_S="30"), stdout=subprocess.DEVNULL,
+                            env=child_env(MCGRAPH_ATOMIC_PAUSE_S="30"), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     assert "paused before replacing" in proc.stderr.readline()
     proc.send_signal(signal.SIGKILL)
@@ -507,7 +498,7 @@ def test_torchrun_rank_killed_mid_step_survivors_exit_with_an_error(tmp_path):
     argv = _tiny(out, 200) + ["--dist-timeout", "30"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "mcgraph",
            "train", *argv]
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     lines = []
     try:
         for line in proc.stderr:  # rank 0 logs each epoch
@@ -542,7 +533,7 @@ def test_rank_killed_without_torchrun_agent_survivor_fails_within_the_timeout(tm
         port = s.getsockname()[1]
     out = tmp_path / "ddp"
     argv = _tiny(out, 200) + ["--dist-timeout", "20"]
-    ranks = [Child(argv, _env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+    ranks = [Child(argv, child_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
                               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))) for r in range(2)]
     try:
         assert ranks[0].wait_for("epoch 2: loss", 1), ranks[0].stderr[-3000:]

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import mcgraph as mg
+from child_env import child_env
 from mcgraph.apps import atomic_io
 from mcgraph.apps import train as mtrain
 
@@ -36,7 +36,6 @@ pytestmark = pytest.mark.integration
 
 pytest.importorskip("sklearn")
 
-ROOT = str(Path(mg.__file__).parents[1])
 #: a small run whose epochs are quick (4 steps)
 TINY = ["--model", "mlp", "--hidden", "8", "--dataset", "digits", "--batch-size", "128", "--limit-train", "512",
         "--limit-test", "64", "--kl-samples", "4", "--eval-samples", "2", "--periodic-eval-samples", "2",
@@ -49,14 +48,6 @@ SLOW = ["--model", "mlp", "--hidden", "16", "--dataset", "digits", "--batch-size
 #: the line a Ctrl-C prints after a checkpoint exists
 INTERRUPTED = re.compile(r"^mcgraph train: interrupted (?P<doing>.+?); (?P<path>\S+) holds epoch (?P<done>\d+); "
                          r"resume with: mcgraph train --resume (?P<command_path>\S+)$")
-
-
-def _env(**extra) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    for key in ("MCGRAPH_ATOMIC_PAUSE_S", "MCGRAPH_ATOMIC_FAIL", "MCGRAPH_ATOMIC_MATCH", "MCGRAPH_FAULT_NONFINITE"):
-        env.pop(key, None)
-    env.update(extra)
-    return env
 
 
 def _main(argv: list) -> int:
@@ -126,7 +117,7 @@ def test_ctrl_c_mid_epoch_prints_one_line_and_resume_alone_ends_bitwise_like_the
     checkpoint and ``mcgraph train --resume <path>``; that command, run as printed, ends with the parameters and
     Adam state of the uninterrupted 3-epoch run, bit for bit, in the same folder."""
     ref, out = tmp_path / "ref", tmp_path / "run"
-    code, lines = _interrupt(SLOW + ["--out", str(out)], after="epoch 1: loss", env=_env(), delay=0.2)
+    code, lines = _interrupt(SLOW + ["--out", str(out)], after="epoch 1: loss", env=child_env(), delay=0.2)
     text = "\n".join(lines)
     print(f"\n[train-cli] Ctrl-C: exit {code}; last line: {lines[-1]}")
     assert code == 130, text
@@ -156,7 +147,7 @@ def test_ctrl_c_inside_the_checkpoint_write_keeps_the_previous_checkpoint(tmp_pa
     assert _main(TINY + ["--epochs", "1", "--out", str(out)]) == 0
     ckpt = out / "checkpoint.pt"
     before = ckpt.read_bytes()
-    env = _env(MCGRAPH_ATOMIC_PAUSE_S="60", MCGRAPH_ATOMIC_MATCH="checkpoint.pt")
+    env = child_env(MCGRAPH_ATOMIC_PAUSE_S="60", MCGRAPH_ATOMIC_MATCH="checkpoint.pt")
     code, lines = _interrupt(["--resume", str(ckpt), "--epochs", "3"], after="paused before replacing", env=env)
     text = "\n".join(lines)
     assert code == 130, text
@@ -170,7 +161,7 @@ def test_ctrl_c_inside_the_checkpoint_write_keeps_the_previous_checkpoint(tmp_pa
 def test_ctrl_c_before_the_first_checkpoint_says_there_is_nothing_to_resume(tmp_path):
     out = tmp_path / "run"
     argv = SLOW + ["--out", str(out)]
-    code, lines = _interrupt(argv, after="batches/epoch", env=_env(), delay=0.1)
+    code, lines = _interrupt(argv, after="batches/epoch", env=child_env(), delay=0.1)
     assert code == 130, "\n".join(lines)
     assert re.fullmatch(r"mcgraph train: interrupted (before training|in epoch 1 of 3), before the first checkpoint; "
                         r"nothing to resume", lines[-1]), lines
@@ -291,7 +282,7 @@ def _on_pty(argv: list, size: tuple[int, int] | None, without_tqdm: bool = False
     block = "import sys; sys.modules['tqdm'] = None; " if without_tqdm else ""  # `import tqdm` then fails
     code = block + "import sys; from mcgraph.__main__ import main; sys.exit(main(['train', *sys.argv[1:]]))"
     proc = subprocess.Popen([sys.executable, "-c", code, *argv], stdin=terminal, stdout=terminal, stderr=terminal,
-                            env=_env(), close_fds=True)
+                            env=child_env(), close_fds=True)
     os.close(terminal)
     shown = b""
     deadline = time.monotonic() + timeout
@@ -348,7 +339,7 @@ def test_a_pipe_gets_one_plain_line_per_epoch(tmp_path):
     """stdout and stderr into pipes (a log file, CI): no bar, no carriage return, exactly one line per epoch,
     which carries the standard errors of the epoch's first step."""
     done = subprocess.run([sys.executable, "-m", "mcgraph", "train", *TINY, "--epochs", "3", "--kl-method",
-                           "monte-carlo", "--out", str(tmp_path / "run")], env=_env(), capture_output=True,
+                           "monte-carlo", "--out", str(tmp_path / "run")], env=child_env(), capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "\r" not in done.stderr + done.stdout

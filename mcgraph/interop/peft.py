@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..nn.estimator import estimator_flags, to_estimator
+from ..nn.estimator import resolve_estimator
 from ..nn.layers import BayesLinear
 from ..nn.lora import VARIATIONAL_FACTORS, AdapterDropout, BayesLoRA, adaptable
 from .convert import structural_copy
@@ -149,7 +149,7 @@ def to_mcgraph(peft_model: nn.Module, *, posterior="normal", prior=None, kl_samp
         raise ValueError(f"peft_model: {type(peft_model).__name__} holds no peft LoRA layer (build it with "
                          f"peft.get_peft_model(model, peft.LoraConfig(...)))")
     adapters = {name: _active_adapter(name, layer) for name, layer in found}  # all checked before any change
-    estimator = to_estimator(*estimator_flags(estimator, local_reparameterization, flipout))
+    estimator = resolve_estimator(estimator, local_reparameterization, flipout)
     options = dict(posterior=posterior, prior=prior, kl_samples=kl_samples, estimator=estimator, rho_init=rho_init,
                    scale_transform=scale_transform)
     model = structural_copy(peft_model)

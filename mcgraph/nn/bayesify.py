@@ -11,7 +11,7 @@ from torch import nn
 from .attention import BayesMultiheadAttention
 from .context import BayesianModule, bayesian_modules
 from .embedding import BayesEmbedding
-from .estimator import Estimator, estimator_flags, to_estimator
+from .estimator import Estimator, resolve_estimator
 from .layers import BayesConv, BayesConvTranspose, BayesLinear, SampleMode
 from .lora import BayesLoRA
 from .module_select import selector
@@ -115,7 +115,7 @@ def bayesify(model: nn.Module, *, posterior="normal", prior=None, kl_samples: in
         raise TypeError(f"freeze_rest must be a bool or None, got {type(freeze_rest).__name__}")
     if not inplace:
         model = copy.deepcopy(model)
-    estimator = to_estimator(*estimator_flags(estimator, local_reparameterization, flipout))
+    estimator = resolve_estimator(estimator, local_reparameterization, flipout)
     options = dict(posterior=posterior, prior=prior, kl_samples=kl_samples, estimator=estimator,
                    bayesian_bias=bayesian_bias, rho_init=rho_init, scale_transform=scale_transform)
     sampling_options = dict(options, estimator=None)

@@ -20,7 +20,7 @@ import enum
 import sys
 import warnings
 
-__all__ = ["Estimator", "estimator_flags"]
+__all__ = ["Estimator", "estimator_flags", "resolve_estimator"]
 
 
 class Estimator(str, enum.Enum):
@@ -86,3 +86,10 @@ def to_estimator(local_reparameterization: bool | None, flipout: bool | None) ->
     if local_reparameterization is None:
         return None
     return Estimator.LOCAL_REPARAMETERIZATION if local_reparameterization else Estimator.REPARAMETERIZATION
+
+
+def resolve_estimator(estimator, local_reparameterization: bool | None = None,
+                      flipout: bool | None = None) -> Estimator | None:
+    """The ``estimator=`` a converter hands its layers: ``estimator``, or what the deprecated booleans
+    stand for (with the warning of :func:`estimator_flags`); ``None`` leaves it to the posterior family."""
+    return to_estimator(*estimator_flags(estimator, local_reparameterization, flipout))

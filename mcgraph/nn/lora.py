@@ -82,7 +82,7 @@ from torch.distributions import Cauchy, Distribution, Laplace, Normal, StudentT
 
 from ..engine import checks
 from .context import BayesianModule
-from .estimator import Estimator, estimator_flags, to_estimator
+from .estimator import Estimator, resolve_estimator
 from .layers import BayesLinear
 from .mc_dropout import MCDropout
 from .module_select import selector
@@ -520,7 +520,7 @@ def bayesian_lora(model: nn.Module, rank: int, *, targets=None, alpha: float | N
     if prior_on == "scale":
         prior = ScaleOnlyPrior(layer_options(posterior, prior)[0])
         ScaleOnlyPrior(prior)(like)  # a prior of another family: the error names prior_on
-    estimator = to_estimator(*estimator_flags(estimator, local_reparameterization, flipout))
+    estimator = resolve_estimator(estimator, local_reparameterization, flipout)
     options = dict(posterior=posterior, prior=prior, kl_samples=kl_samples, estimator=estimator, rho_init=rho_init,
                    scale_transform=scale_transform)
     if not inplace:
