@@ -14,7 +14,8 @@ present, so running one target at a time keeps the index complete.
 
 The helpers the targets share live here too: :func:`config_key` (the cache key of a run's settings),
 :func:`fmt_mean_sd` (a mean ± sd cell), :func:`predictive_probs` (a trained model's predictive
-distribution) and :func:`with_dropout`. A target never imports another target's private names: what two
+distribution), :func:`with_dropout`, :func:`log_run` (a run's progress line) and :func:`bar_grid`
+(mean ± sd bars of several arms). A target never imports another target's private names: what two
 targets share is here, or a public, documented name of the target that owns it.
 """
 
@@ -344,12 +345,7 @@ def run_arms(result: "TargetResult", s: dict, seed: int, arms, labels: dict, run
                     r = run_arm(arm, s, sd, runs_dir)
                     r["arm"] = arm
                     runs.append(r)
-                    if "test" in r:
-                        took = "cached" if r.get("cached") else f"{r['seconds_per_epoch']:.2f} s/epoch"
-                        log(f"{labels[arm]} seed {sd}: test accuracy {r['test']['accuracy']:.4f}, ECE "
-                            f"{r['test']['ece']:.4f} ({took})")
-                    else:
-                        log(f"{labels[arm]} seed {sd}: {r['missing']}")
+                    log_run(f"{labels[arm]} seed {sd}", r)
     finally:
         torch.set_num_threads(threads)
     result.seeds = seeds
@@ -386,6 +382,49 @@ def log(msg: str) -> None:
     import sys
 
     print(f"[paper_tables]   {msg}", file=sys.stderr, flush=True)
+
+
+#: The test metrics :func:`log_run` can name, as it names them.
+_METRIC_NAMES = {"accuracy": "test accuracy", "nll": "NLL", "ece": "ECE"}
+
+
+def log_run(label: str, r: dict, metrics: Sequence[str] = ("accuracy", "ece")) -> None:
+    """One progress line for a training run's row: its test ``metrics`` and seconds per epoch (or "cached"),
+    or why it is missing (``r["missing"]``)."""
+    if "test" not in r:
+        log(f"{label}: {r['missing']}")
+        return
+    took = "cached" if r.get("cached") else f"{r['seconds_per_epoch']:.2f} s/epoch"
+    log(f"{label}: " + ", ".join(f"{_METRIC_NAMES[m]} {r['test'][m]:.4f}" for m in metrics) + f" ({took})")
+
+
+def bar_grid(blocks: Sequence, metrics: Sequence, labels: dict, path, title: str, *,
+             size: tuple[float, float] = (16, 3.8), rotation: float = 30, zoom: Sequence[str] = ()) -> None:
+    """Mean ± sd bars of several arms, one row of panels per block and one panel per metric.
+
+    ``blocks``: ``(name, {arm: {metric: (mean, sd) | None}})`` per row; ``metrics``: ``(key, label, scale)``
+    per column; ``labels``: arm -> bar label, in the bars' order (arms a block lacks are left out);
+    ``size``: the figure's width and each row's height (inches); ``zoom``: metrics whose y-axis starts 10
+    below the lowest bar (accuracies close to 100). A metric missing for an arm is an empty bar.
+    """
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(blocks), len(metrics), figsize=(size[0], size[1] * len(blocks)), squeeze=False)
+    for row, (name, agg) in zip(axes, blocks):
+        arms = [a for a in labels if a in agg]
+        for ax, (key, label, scale) in zip(row, metrics):
+            stats = [agg[a].get(key) or (None, None) for a in arms]
+            means = [m * scale if m is not None else math.nan for m, _ in stats]
+            sds = [sd * scale if sd is not None else 0 for _, sd in stats]
+            ax.bar([labels[a] for a in arms], means, yerr=sds)
+            ax.set_title(f"{name}: {label}")
+            ax.tick_params(axis="x", labelrotation=rotation)
+            finite = [m for m in means if not math.isnan(m)]
+            if key in zoom and finite:
+                ax.set_ylim(max(0, min(finite) - 10), 100)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 class timed:

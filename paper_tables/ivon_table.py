@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import math
 import statistics
 import time
 from pathlib import Path
@@ -44,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from . import sequence_table, vogn_table as vt
-from .common import (TargetResult, cached_row, config_key, environment, fmt_mean_sd, load_result, md_table,
+from .common import (TargetResult, bar_grid, cached_row, config_key, environment, fmt_mean_sd, load_result, md_table,
                      predictive_probs, run_arms, timed, write_cache, write_target)
 
 NAME = "ivon_table"
@@ -541,25 +540,12 @@ def _timing_text(timing: dict, ratios: dict) -> str:
 
 def plot(result: TargetResult, path) -> None:
     """Test accuracy, NLL, ECE and AUROC per arm (mean ± sd over seeds), one row per block."""
-    import matplotlib.pyplot as plt
-
     blocks = [(result.params["dataset"], result.rows.get("aggregate", {}))]
     if result.rows.get("lstm_aggregate"):
         blocks.append((f"LSTM, {result.params['lstm']['dataset']} by rows", result.rows["lstm_aggregate"]))
-    fig, axes = plt.subplots(len(blocks), 4, figsize=(16, 3.8 * len(blocks)), squeeze=False)
-    for row, (name, agg) in zip(axes, blocks):
-        arms = [a for a in ARMS if a in agg]
-        for ax, (key, label, scale) in zip(row, (("accuracy", "test accuracy (%)", 100), ("nll", "NLL", 1),
-                                                 ("ece", "ECE", 1), ("auroc", "AUROC (errors)", 1))):
-            stats = [agg[a].get(key) or (None, None) for a in arms]
-            means = [m * scale if m is not None else math.nan for m, _ in stats]
-            sds = [sd * scale if sd is not None else 0 for _, sd in stats]
-            ax.bar([LABELS[a] for a in arms], means, yerr=sds)
-            ax.set_title(f"{name}: {label}")
-            ax.tick_params(axis="x", labelrotation=30)
-    fig.suptitle(f"mean ± sd over seeds {result.seeds}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    bar_grid(blocks, (("accuracy", "test accuracy (%)", 100), ("nll", "NLL", 1), ("ece", "ECE", 1),
+                      ("auroc", "AUROC (errors)", 1)), {a: LABELS[a] for a in ARMS}, path,
+             f"mean ± sd over seeds {result.seeds}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,8 +76,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import vogn_table as vt
-from .common import (TargetResult, cached_row, config_key, fmt_mean_sd, load_result, log, md_table, predictive_probs,
-                     timed, write_cache, write_target)
+from .common import (TargetResult, bar_grid, cached_row, config_key, fmt_mean_sd, load_result, log_run, md_table,
+                     predictive_probs, timed, write_cache, write_target)
 
 NAME = "lora_table"
 TITLE = ("Bayesian fine-tuning: LoRA, MC-dropout LoRA, last-layer Bayesian, variational LoRA, IVON-LoRA and "
@@ -706,12 +706,7 @@ def run(out_dir, quick: bool = False, seed: int = 0) -> dict:
 
     def record(r, label):
         runs.append(r)
-        if "test" in r:
-            took = "cached" if r.get("cached") else f"{r['seconds_per_epoch']:.2f} s/epoch"
-            log(f"{label} seed {r['seed']}: test accuracy {r['test']['accuracy']:.4f}, NLL {r['test']['nll']:.4f}, "
-                f"ECE {r['test']['ece']:.4f} ({took})")
-        else:
-            log(f"{label} seed {r['seed']}: {r['missing']}")
+        log_run(f"{label} seed {r['seed']}", r, ("accuracy", "nll", "ece"))
 
     try:
         with timed(result):
@@ -981,31 +976,15 @@ def report(out_dir, result: TargetResult) -> dict:
 
 def plot(result: TargetResult, path) -> None:
     """Test accuracy, NLL, ECE and noise-OOD AUROC per task and arm (mean ± sd over seeds)."""
-    import matplotlib.pyplot as plt
-
     aggs = result.rows.get("aggregate", {})
     if "lora" in aggs or not aggs:  # a record with one flat aggregate (no tasks)
         aggs = {"digits": aggs}
     tasks = [t for t in aggs if aggs[t]] or ["digits"]
-    fig, axes = plt.subplots(len(tasks), 4, figsize=(18, 4.2 * len(tasks)), squeeze=False)
-    for row, task in zip(axes, tasks):
-        agg = aggs.get(task, {})
-        arms = [a for a in ARMS if a in agg]
-        for ax, (key, label, scale) in zip(row, (("accuracy", "test accuracy (%)", 100), ("nll", "NLL", 1),
-                                                 ("ece", "ECE", 1), ("ood_noise", "OOD AUROC (noise)", 1))):
-            stats = [agg[a].get(key) or (None, None) for a in arms]
-            means = [m * scale if m is not None else math.nan for m, _ in stats]
-            sds = [sd * scale if sd is not None else 0 for _, sd in stats]
-            ax.bar([SHORT[a] for a in arms], means, yerr=sds)
-            ax.set_title(f"{task}: {label}")
-            ax.tick_params(axis="x", labelrotation=40)
-            if key == "accuracy" and means:
-                finite = [m for m in means if not math.isnan(m)]
-                if finite:
-                    ax.set_ylim(max(0, min(finite) - 10), 100)
-    fig.suptitle(f"pretrained on upright images, fine-tuned on rotated ones: mean ± sd over seeds {result.seeds}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    bar_grid([(task, aggs.get(task, {})) for task in tasks],
+             (("accuracy", "test accuracy (%)", 100), ("nll", "NLL", 1), ("ece", "ECE", 1),
+              ("ood_noise", "OOD AUROC (noise)", 1)), {a: SHORT[a] for a in ARMS}, path,
+             f"pretrained on upright images, fine-tuned on rotated ones: mean ± sd over seeds {result.seeds}",
+             size=(18, 4.2), rotation=40, zoom=("accuracy",))
 
 
 __all__ = ["RowTransformer", "Block", "data", "pretrained", "build", "fit", "run_arm", "aggregate", "paired", "run",
