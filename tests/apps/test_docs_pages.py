@@ -19,15 +19,14 @@ import ast
 import json
 import os
 import pathlib
-import re
 import socket
 import subprocess
 import sys
-import textwrap
 
 import pytest
+from support.doc_blocks import python_blocks
+from support.paths import ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 #: Import name (first component) -> the peer library it needs, by its import name.
@@ -36,14 +35,6 @@ PEERS = {"bayesian_torch": "bayesian_torch", "blitz": "blitz", "torchbnn": "torc
          "peft": "peft"}
 #: mcgraph modules that import a peer when used.
 PEER_MODULES = {"mcgraph.interop.pyro": "pyro", "mcgraph.interop.tyxe": "tyxe", "mcgraph.interop.peft": "peft"}
-
-_FENCE = re.compile(r"^(?P<indent>[ \t]*)```python[ \t]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.S | re.M)
-
-
-def blocks(page: pathlib.Path) -> list[str]:
-    """The page's ```python blocks, dedented, in order."""
-    return [textwrap.dedent(m.group("body")) for m in _FENCE.finditer(page.read_text())]
-
 
 def peers_of(code: str) -> list[str]:
     """The peer libraries a block imports (by its import statements)."""
@@ -76,7 +67,7 @@ def importable(name):
     if name != "torch_uncertainty" or importlib.util.find_spec("torch_uncertainty") is None:
         return False
     # torch-uncertainty's package __init__ imports lightning and torchvision; its layer and loss
-    # modules need only torch: load them under bare parent packages (tests/interop_models.py does too).
+    # modules need only torch: load them under bare parent packages (tests/support/interop_models.py does too).
     for key in [k for k in sys.modules if k.split(".")[0] == "torch_uncertainty"]:
         del sys.modules[key]
     root = pathlib.Path(importlib.util.find_spec("torch_uncertainty").submodule_search_locations[0])
@@ -120,13 +111,13 @@ def _label(page: pathlib.Path) -> str:
 
 
 def test_pages_have_code():
-    assert blocks(ROOT / "README.md"), "README.md has no python block"
-    assert sum(len(blocks(p)) for p in PAGES) >= 20
+    assert python_blocks((ROOT / "README.md").read_text()), "README.md has no python block"
+    assert sum(len(python_blocks(p.read_text())) for p in PAGES) >= 20
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if blocks(p)], ids=_label)
+@pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p.read_text())], ids=_label)
 def test_page_code_blocks_run(page, tmp_path):
-    found = blocks(page)
+    found = python_blocks(page.read_text())
     lines = page.read_text().split("\n")
     starts = [i + 2 for i, line in enumerate(lines) if line.strip().startswith("```python")]
     work = [[f"{_label(page)}:{start} (block {k + 1})", code, peers_of(code)]

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from mcgraph.apps import env as env_command
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ("Versions:", "Devices:", "Compiled CPU libraries:", "Engine:")
 
 

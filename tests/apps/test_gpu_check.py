@@ -7,13 +7,12 @@ import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from support.paths import ROOT
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = {"kernel_tests", "families", "kernels", "resnet18_step", "peer_mlp", "sequence", "lora", "predict_overhead",
             "ivon_speed", "optim_samples"}
 

@@ -8,8 +8,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"mcgraph": ROOT / "mcgraph", "mcgraph.kernels": ROOT / "kernels"}
 #: ``mcgraph/kernels`` is a link to the top-level ``kernels/`` folder (its modules are read once, from there).
 LINKED = {ROOT / "mcgraph" / "kernels"}
@@ -193,3 +193,25 @@ def test_no_top_level_kernels_package():
     is the only name of these modules."""
     assert not (ROOT / "kernels" / "__init__.py").exists()
     assert (ROOT / "mcgraph" / "kernels").resolve() == (ROOT / "kernels").resolve()
+
+
+#: The tests' areas, one folder each, named for the part of mcgraph (or of the checkout) they test.
+TEST_AREAS = {"engine", "nn", "optim", "interop", "apps", "paper"}
+
+
+def test_tests_live_in_their_areas():
+    """Every test module is in an area folder; ``tests/support`` holds helpers and no tests; and no test
+    module imports another (what two areas share is a ``support`` module)."""
+    tests = ROOT / "tests"
+    misplaced = [str(p.relative_to(tests)) for p in tests.rglob("test_*.py")
+                 if p.parent.parent != tests or p.parent.name not in TEST_AREAS]
+    assert not misplaced, f"test modules outside tests/{{{','.join(sorted(TEST_AREAS))}}}: {misplaced}"
+    assert {p.name for p in tests.glob("*.py")} == {"conftest.py"}
+    assert {p.name for p in tests.iterdir() if p.is_dir() and p.name != "__pycache__"} == TEST_AREAS | {"support"}
+    imports = []
+    for path in tests.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            imports += [f"{path.relative_to(tests)} imports {n}" for n in names if n.split(".")[-1].startswith("test_")]
+    assert not imports, imports

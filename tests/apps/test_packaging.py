@@ -23,11 +23,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from test_docs_pages import blocks
+from support.doc_blocks import python_blocks
+from support.paths import ROOT
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[1]
 #: The CPU build of torch the Makefile installs (pip takes it from this machine's disk; elsewhere from PyPI).
 TORCH = "torch==2.13.0"
 #: What the README's quick start needs besides mcgraph (it loads scikit-learn's digits).
@@ -93,7 +93,7 @@ def wheel_env(dists, tmp_path_factory) -> WheelEnv:
 
 
 def test_readme_quick_start_runs_from_the_wheel(wheel_env):
-    quick_start = blocks(ROOT / "README.md")[0]  # the first python block of the README is its quick start
+    quick_start = python_blocks((ROOT / "README.md").read_text())[0]  # the first python block of the README is its quick start
     assert "mcgraph" in quick_start, quick_start
     done = wheel_env.run(wheel_env.python, "-c", quick_start)
     accuracy = float(done.stdout.split("test accuracy")[-1].split()[0])

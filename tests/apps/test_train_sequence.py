@@ -1,6 +1,6 @@
 """Sequence data and models in ``mcgraph train``: the datasets read as rows ``(N, T, F)``, the sequence models
 sized by their input, the CLI end to end (``--model lstm|transformer``), and a Bayesian transformer encoder
-learning the digits read by rows (the Bayesian LSTM's run is in ``tests/test_nn_attention.py``)."""
+learning the digits read by rows (the Bayesian LSTM's run is in ``tests/nn/test_nn_attention.py``)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from native_fallback import assert_runs_without_compiler
+from support.native_fallback import assert_runs_without_compiler
 import torch.distributions as D
 
 import mcgraph as mg

@@ -34,7 +34,8 @@ import sys  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from native_fallback import assert_runs_without_compiler  # noqa: E402
+from support.native_fallback import assert_runs_without_compiler  # noqa: E402
+from support.paths import ROOT  # noqa: E402
 from torch import distributions as D  # noqa: E402
 
 import mcgraph as mg  # noqa: E402
@@ -374,7 +375,7 @@ def test_import_and_small_calls_build_nothing(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != backend.ENV_VAR}
     env.update(TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"), OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                          cwd=ROOT)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-3000:]
 
 

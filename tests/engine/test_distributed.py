@@ -1,7 +1,7 @@
 """Many processes, one answer: real gloo process groups on CPU, spawned by the tests themselves.
 
 Each spawned run starts R processes that join a gloo group through a FileStore in
-``tmp_path`` (no network beyond the loopback), run many checks (tests/distributed_cases.py)
+``tmp_path`` (no network beyond the loopback), run many checks (tests/support/distributed_cases.py)
 and save their results; the test compares them with the same checks run in this process
 without a group. Spawning costs seconds per process, so the checks are grouped into few runs.
 """
@@ -19,7 +19,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-import distributed_cases as cases
+from support import distributed_cases as cases
+from support.doc_blocks import python_blocks
+from support.paths import ROOT
 import mcgraph as mg
 from mcgraph.engine.distributed import owned_range
 
@@ -230,9 +232,8 @@ def test_train_cli_data_parallel_under_torchrun(tmp_path):
 @pytest.mark.slow
 def test_readme_ddp_example_runs_under_torchrun(tmp_path):
     """The docs' `ddp_bnn.py` (docs/distributed.md) runs as written under `torchrun --nproc-per-node 2` and learns."""
-    readme = (Path(__file__).parents[1] / "docs" / "distributed.md").read_text()
-    start = readme.index("```python\nimport torch, torch.distributed as dist, mcgraph as mg")
-    code = readme[start + len("```python\n"):readme.index("```", start + 10)]
+    (code,) = [block for block in python_blocks((ROOT / "docs" / "distributed.md").read_text())
+               if block.startswith("import torch, torch.distributed as dist, mcgraph as mg")]
     script = tmp_path / "ddp_bnn.py"
     script.write_text(code)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(mg.__file__).parents[1]))

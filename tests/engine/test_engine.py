@@ -15,7 +15,7 @@ from mcgraph import distributions as mgd
 from mcgraph.engine.plan.families import FAMILIES
 from mcgraph.engine.plan.classify import Tier
 
-from families_table import FAMILY_FACTORIES
+from support.families_table import FAMILY_FACTORIES
 
 F64 = torch.float64
 

@@ -22,7 +22,8 @@ from mcgraph.distributions import ScaleMixtureNormal
 from mcgraph.engine.estimators import derivatives, fused_body
 from mcgraph.engine.estimators.sampling import samples, stream_for
 
-from same_noise_tolerances import TOLERANCES, assert_same
+from support.paths import TESTS
+from support.same_noise_tolerances import TOLERANCES, assert_same
 
 F64 = torch.float64
 
@@ -299,7 +300,7 @@ def _kl_learned_scale_mixture(P=48, M=37, chunk=8):
 
 def _needs_compiler():
     # checked when the test runs, not at collection: torch._dynamo imports Triton, which must not be
-    # imported before tests/test_backend.py sets TRITON_INTERPRET
+    # imported before tests/engine/test_backend.py sets TRITON_INTERPRET
     if not fused_body.compiler_available():
         pytest.skip("torch.compile cannot run here")
 
@@ -328,7 +329,7 @@ def test_compiled_body_matches_eager_and_sizes_do_not_recompile(monkeypatch):
 
 _BODY_IN_A_PROCESS = """
 import os, sys
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{here!r}, {tests!r}]
 import torch
 from test_fused_body import _kl_learned_scale_mixture
 value, grads, path = _kl_learned_scale_mixture()
@@ -356,7 +357,7 @@ def test_a_body_cached_under_another_cpu_capability_is_compiled_anew(tmp_path):
     import subprocess
     import sys
 
-    code = _BODY_IN_A_PROCESS.format(tests=str(Path(__file__).parent))
+    code = _BODY_IN_A_PROCESS.format(here=str(Path(__file__).parent), tests=str(TESTS))
     results = []
     for capability in _capabilities_to_mix():
         env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, "MCGRAPH_FUSED_BODY": "compiled",

@@ -8,7 +8,7 @@ Where they run (``MCGRAPH_KERNEL_DEVICE``, read once at collection):
   value is a collection error); the module is skipped where ``torch.cuda.is_available()`` is
   false. Run it on its own, since other test modules set ``TRITON_INTERPRET=1`` when imported::
 
-      MCGRAPH_KERNEL_DEVICE=cuda python -m pytest -q tests/test_kernels.py
+      MCGRAPH_KERNEL_DEVICE=cuda python -m pytest -q tests/engine/test_kernels.py
 
 Seeded draws stay on torch's CPU generator and are moved to the device, so both devices
 compare the same numbers; the references run in torch on the kernels' device.
@@ -45,7 +45,7 @@ elif os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on
     raise ValueError(
         f"MCGRAPH_KERNEL_DEVICE=cuda runs the kernels compiled, but TRITON_INTERPRET="
         f"{os.environ['TRITON_INTERPRET']!r} is set in this process (by the environment, or by a test module "
-        f"imported earlier, such as tests/test_backend.py); unset it and run tests/test_kernels.py on its own")
+        f"imported earlier, such as tests/engine/test_backend.py); unset it and run tests/engine/test_kernels.py on its own")
 
 import math  # noqa: E402
 import subprocess  # noqa: E402
@@ -68,7 +68,7 @@ if DEVICE == "cpu" and not kutils.INTERPRETED:  # pragma: no cover - another mod
     pytest.skip("mcgraph.kernels was imported without TRITON_INTERPRET=1 in this process", allow_module_level=True)
 if DEVICE == "cuda" and kutils.INTERPRETED:  # pragma: no cover - another module imported them interpreted
     pytest.skip("MCGRAPH_KERNEL_DEVICE=cuda, but mcgraph.kernels was imported under TRITON_INTERPRET=1 in this "
-                "process; run tests/test_kernels.py on its own without it", allow_module_level=True)
+                "process; run tests/engine/test_kernels.py on its own without it", allow_module_level=True)
 
 from mcgraph.kernels.fused_elementwise import FormKind, fused_log_prob_expectation  # noqa: E402
 from mcgraph.kernels.integrands import LOG_PROBS  # noqa: E402

@@ -282,12 +282,10 @@ def test_key_holds_grad_mode_and_autocast():
 
 
 def test_readme_example_runs(capsys):
-    import pathlib
-    import re
+    from support.doc_blocks import python_blocks, section
+    from support.paths import ROOT
 
-    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "concepts.md").read_text()
-    section = text.split("## The plan cache", 1)[1].split("\n## ", 1)[0]
-    (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    (code,) = python_blocks(section((ROOT / "docs" / "concepts.md").read_text(), "## The plan cache"))
     exec(compile(code, "docs/concepts.md (plan cache)", "exec"), {})
     out = capsys.readouterr().out.splitlines()
     assert out[:2] == ["stored", "hit"] and "not stored in the plan cache" in out[3]

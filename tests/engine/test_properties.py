@@ -43,11 +43,11 @@ from mcgraph.engine.estimators.sampling import samples, stream_for
 from mcgraph.engine.plan.tracer import is_discrete
 from mcgraph import distributions as mgd
 
-from families_table import FAMILY_FACTORIES, is_positive
-from hypothesis_profiles import examples
-from integrand_grammar import (Affine, Apply, Binary, Cast, Coef, Compare, Divide, ExpAffine, Log, LogProb, Maximum,
+from support.families_table import FAMILY_FACTORIES, is_positive
+from support.hypothesis_profiles import examples
+from support.integrand_grammar import (Affine, Apply, Binary, Cast, Coef, Compare, Divide, ExpAffine, Log, LogProb, Maximum,
                               Power, Reduce, Unary, W, Where, as_positive, compile_integrand, integrands, leaf)
-from same_noise_tolerances import TOLERANCES, assert_same
+from support.same_noise_tolerances import TOLERANCES, assert_same
 
 F32, F64 = torch.float32, torch.float64
 
@@ -474,7 +474,7 @@ _MINUS_LOG_RELU = Case(Family(D.Normal, (), (), 0, F64, (("affine", 0.0, False),
                    Reduce(Coef(Cast(Compare(W(), ">", 0.0), "float"), (0.688,), ()), "flip_scale"), 1, 0, 1))
 # A float64 Beta (concentrations stored in an inner Dirichlet) read as float32 by its form, so the plan
 # cache reused a float32 case's trace: float64 in, float32 out (slow profile; regression test in
-# tests/test_plan_cache.py, since it needs a float32 case first in the same process).
+# tests/engine/test_plan_cache.py, since it needs a float32 case first in the same process).
 @example(case=Case(Family("Beta", (), (), 0, F32, (("affine", 0.0, False),)), Reduce(W(), "flip_scale"), 1, 0, 1))
 @example(case=Case(Family("Beta", (), (), 0, F64, (("affine", 0.0, False),)), Reduce(W(), "flip_scale"), 1, 0, 1))
 # exp(affine(exp(Exponential))) overflows to inf: the direct gradient is −inf, the chunked one NaN (a generic

@@ -16,8 +16,8 @@ import mcgraph as mg
 from mcgraph import distributions as mgd
 from mcgraph.engine.plan.classify import Tier
 
-from families_table import FAMILY_FACTORIES, is_positive, make
-from same_noise_tolerances import assert_same as _assert_same
+from support.families_table import FAMILY_FACTORIES, is_positive, make
+from support.same_noise_tolerances import assert_same as _assert_same
 
 F64 = torch.float64
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from same_noise_tolerances import TOLERANCES, assert_same
+from support.same_noise_tolerances import TOLERANCES, assert_same
 
 RTOL, ATOL = TOLERANCES[torch.float32]
 INF = float("inf")

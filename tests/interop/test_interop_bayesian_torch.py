@@ -8,7 +8,7 @@ from torch import nn
 import mcgraph as mg
 import mcgraph.interop as interop
 from mcgraph.interop import bayesian_torch as ibt
-from interop_models import NoiseRecorder, assert_data_term_gradients_match, mlp_loss, peer, relative_error
+from support.interop_models import NoiseRecorder, assert_data_term_gradients_match, mlp_loss, peer, relative_error
 
 bt = peer("bayesian_torch", "bayesian-torch")
 from bayesian_torch.layers import (  # noqa: E402
@@ -232,6 +232,6 @@ def test_converted_elbo_gradients_match_the_per_sample_reference():
 
 
 def test_to_mcgraph_refuses_tuple_layers():
-    # LSTMReparameterization converts after dnn_to_bnn (tests/test_interop_recurrent.py), LSTMFlipout does not
+    # LSTMReparameterization converts after dnn_to_bnn (tests/interop/test_interop_recurrent.py), LSTMFlipout does not
     with pytest.raises(TypeError, match=r"'fc' \(LinearReparameterization\).*\(out, kl\) tuples"):
         ibt.to_mcgraph(nn.ModuleDict({"fc": LinearReparameterization(2, 2)}), kl_samples=1)

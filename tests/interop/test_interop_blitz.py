@@ -9,7 +9,7 @@ from torch import nn
 
 import mcgraph as mg
 import mcgraph.interop as interop
-from interop_models import (Z_4_5, NoiseRecorder, assert_data_term_gradients_match,
+from support.interop_models import (Z_4_5, NoiseRecorder, assert_data_term_gradients_match,
                             assert_kl_leaves_the_model_alone, mean_and_standard_error, mlp_loss, peer,
                             relative_error)
 from mcgraph.interop import blitz as ibz
@@ -169,6 +169,6 @@ def test_converted_elbo_gradients_match_the_per_sample_reference():
 
 
 def test_to_mcgraph_refuses_embedding_layers():
-    # recurrent layers convert (tests/test_interop_recurrent.py); blitz's embedding has no converter
+    # recurrent layers convert (tests/interop/test_interop_recurrent.py); blitz's embedding has no converter
     with pytest.raises(TypeError, match=r"'emb' \(BayesianEmbedding\).*elbo_backward"):
         ibz.to_mcgraph(nn.ModuleDict({"emb": BayesianEmbedding(10, 4)}), kl_samples=1)

@@ -12,7 +12,7 @@ from torch import nn
 
 import mcgraph as mg
 import mcgraph.interop as interop
-from interop_models import peer
+from support.interop_models import peer
 from mcgraph.interop.foreign_priors import FlooredDensity, MixturePrior
 
 PEERS = ("bayesian_torch", "blitz", "torchbnn", "torch_uncertainty", "pyro", "tyxe", "lightning", "torchvision")

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import mcgraph as mg
-from interop_models import Z_4_5, peer
+from support.interop_models import Z_4_5, peer
 
 pyro = peer("pyro", "pyro-ppl")
 import pyro.distributions as dist  # noqa: E402

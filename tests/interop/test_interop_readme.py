@@ -3,19 +3,18 @@
 Each page's python blocks ("before" with the library's own loop, "after" with mcgraph) run in order
 in one namespace, where the library is installed; the namespace they leave must hold what the page
 claims (the converted model shares the library's Parameters, gradients landed, values are finite).
-tests/test_docs_pages.py runs the same blocks in a fresh process per page; this test checks their
+tests/apps/test_docs_pages.py runs the same blocks in a fresh process per page; this test checks their
 results. The README's conversion example is checked here too.
 """
 
-import pathlib
-import re
 
 import pytest
 import torch
 
-from interop_models import load_torch_uncertainty
+from support.interop_models import load_torch_uncertainty
+from support.doc_blocks import python_blocks, section
+from support.paths import ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "interop"
 #: page title -> (page file, the module its examples need).
 LIBRARY = {"bayesian-torch": ("bayesian-torch.md", "bayesian_torch"), "blitz": ("blitz.md", "blitz"),
@@ -27,7 +26,7 @@ def examples() -> dict:
     """Page title -> the page's python blocks joined in order."""
     found = {}
     for title, (page, _) in LIBRARY.items():
-        blocks = re.findall(r"^```python\n(.*?)^```", (DOCS / page).read_text(), flags=re.S | re.M)
+        blocks = python_blocks((DOCS / page).read_text())
         assert blocks, f"docs/interop/{page}: no python block"
         found[title] = "\n".join(blocks)
     return found
@@ -91,8 +90,7 @@ def test_readme_conversion_example():
     """The README's one-call conversion of a bayesian-torch model trains the model's own Parameters."""
     pytest.importorskip("bayesian_torch", reason="bayesian_torch is not installed (`make interop`)")
     text = (ROOT / "README.md").read_text()
-    section = text.split("## Already have a bayesian-torch or blitz model?", 1)[1].split("\n## ", 1)[0]
-    (code,) = re.findall(r"^```python\n(.*?)^```", section, flags=re.S | re.M)
+    (code,) = python_blocks(section(text, "## Already have a bayesian-torch or blitz model?"))
     namespace = {"__name__": "readme_example"}
     exec(compile(code, "README.md (conversion)", "exec"), namespace)
     assert _finite(namespace["loss"]) and _shares_parameters(namespace)

@@ -17,7 +17,7 @@ from torch import nn
 from torch.func import functional_call
 
 import mcgraph as mg
-from interop_models import Z_4_5, peer
+from support.interop_models import Z_4_5, peer
 from mcgraph.engine.plan.families import family_of
 from mcgraph.nn.context import NoiseKind, sample_run, window
 from mcgraph.nn.weight_sites import site_weights

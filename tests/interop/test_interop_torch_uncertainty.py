@@ -14,7 +14,7 @@ from torch import nn
 
 import mcgraph as mg
 import mcgraph.interop as interop
-from interop_models import (Z_4_5, assert_conversion_trains_the_original, assert_data_term_gradients_match,
+from support.interop_models import (Z_4_5, assert_conversion_trains_the_original, assert_data_term_gradients_match,
                             assert_kl_leaves_the_model_alone, load_torch_uncertainty, mean_and_standard_error)
 from mcgraph.interop import torch_uncertainty as itu
 

@@ -6,7 +6,7 @@ from torch import nn
 
 import mcgraph as mg
 import mcgraph.interop as interop
-from interop_models import (assert_conversion_trains_the_original, assert_data_term_gradients_match,
+from support.interop_models import (assert_conversion_trains_the_original, assert_data_term_gradients_match,
                             assert_kl_leaves_the_model_alone, peer)
 from mcgraph.interop import torchbnn as itb
 

@@ -57,7 +57,7 @@ from mcgraph.interop.convert import KLScaleWarning
 DEVICE = torch.device(os.environ.get("MCGRAPH_TEST_DEVICE", "cuda"))
 if DEVICE.type == "cuda" and not torch.cuda.is_available():
     pytest.skip("MCGRAPH_TEST_DEVICE is cuda (the default) and torch.cuda.is_available() is False: "
-                "run MCGRAPH_TEST_DEVICE=cpu pytest tests/test_cuda_families.py to check the families on the CPU",
+                "run MCGRAPH_TEST_DEVICE=cpu pytest tests/nn/test_cuda_families.py to check the families on the CPU",
                 allow_module_level=True)
 
 #: Value tolerance of the ELBO and the KL against their direct references (float32).

@@ -22,8 +22,8 @@ from torch import nn
 
 import mcgraph as mg
 
-from hypothesis_profiles import examples
-from same_noise_tolerances import TOLERANCES, assert_same
+from support.hypothesis_profiles import examples
+from support.same_noise_tolerances import TOLERANCES, assert_same
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_spies import count_kernel_calls
-from native_fallback import assert_runs_without_compiler
+from support.kernel_spies import count_kernel_calls
+from support.native_fallback import assert_runs_without_compiler
 from torch import nn
 
 from mcgraph.engine import native

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distributed_cases import torchrun
+from support.distributed_cases import torchrun
 from mcgraph.apps.optim_train import build_optimizer
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not available"),

@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_spies import count_kernel_calls
+from support.kernel_spies import count_kernel_calls
 from torch import nn
 
 from mcgraph.engine import native

@@ -15,8 +15,8 @@ import torch
 
 from paper_tables import common, sparse_vd_table, vogn_table
 from paper_tables.curves import train_epochs
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _settings(epochs: int = 6, pretrain: int = 2) -> dict:

@@ -7,15 +7,14 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from paper_tables import TARGETS, get_target
 from paper_tables.__main__ import main
 from paper_tables.theorems import cor3, thm2
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""What the processes of tests/test_distributed.py run (importable by the spawned children).
+"""What the processes of tests/engine/test_distributed.py run (importable by the spawned children).
 
 Each case takes ``group`` (``None``: one process) and returns ``{name: tensor}``; the test
 runs it once in the test process and once on every rank of a real gloo group, and compares.

@@ -4,7 +4,7 @@
   a bounded number of examples per test (its ``max_examples`` scaled by the profile) so
   that the property suites stay well under two minutes on a 2-core machine.
 * ``slow``: ``slow_factor`` times more examples per test, random, no database; run on demand
-  with ``make test-props-slow`` (or ``MCGRAPH_HYPOTHESIS_PROFILE=slow pytest tests/test_properties*.py``);
+  with ``make test-props-slow`` (or ``MCGRAPH_HYPOTHESIS_PROFILE=slow pytest tests/engine/test_properties.py tests/nn/test_properties_nn.py``);
   ``MCGRAPH_HYPOTHESIS_SLOW_FACTOR`` changes the factor (default 64: about 21 000 examples in all) and pytest's
   ``--hypothesis-seed=N`` replays a run.
 

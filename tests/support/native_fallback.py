@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support.paths import ROOT
 
 
 def assert_runs_without_compiler(tmp_path, code: str) -> None:
