@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from support.child_env import child_env
+from support.train_cli import run_main
 from mcgraph.apps import atomic_io
 from mcgraph.apps import train as mtrain
 
@@ -295,14 +296,6 @@ def test_kill_inside_the_checkpoint_write_old_code_loses_it_new_code_keeps_it(tm
 # --------------------------------------------------------------------------- in-process runs of the CLI
 
 
-def _main(argv: list) -> int:
-    threads = torch.get_num_threads()
-    try:
-        return mtrain.main(argv)
-    finally:
-        torch.set_num_threads(threads)
-
-
 def _tiny(out: Path, epochs: int, *extra) -> list:
     argv = list(TINY)
     argv[argv.index("--epochs") + 1] = str(epochs)
@@ -312,12 +305,12 @@ def _tiny(out: Path, epochs: int, *extra) -> list:
 def test_disk_full_and_permission_denied_keep_the_previous_checkpoint(tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     ckpt = out / "checkpoint.pt"
-    assert _main(_tiny(out, 1)) == 0
+    assert run_main(_tiny(out, 1)) == 0
     good = ckpt.read_bytes()
     for code in ("ENOSPC", "EACCES"):
         monkeypatch.setenv("MCGRAPH_ATOMIC_FAIL", code)
         monkeypatch.setenv("MCGRAPH_ATOMIC_MATCH", "checkpoint.pt")
-        assert _main(_tiny(out, 2, "--resume", str(ckpt))) == 2
+        assert run_main(_tiny(out, 2, "--resume", str(ckpt))) == 2
         err = capsys.readouterr().err
         assert str(ckpt) in err and "unchanged" in err, err
         assert ("No space left" in err) if code == "ENOSPC" else ("Permission denied" in err)
@@ -327,7 +320,7 @@ def test_disk_full_and_permission_denied_keep_the_previous_checkpoint(tmp_path, 
     if os.geteuid() != 0:  # a real read-only directory (root writes anyway)
         out.chmod(0o555)
         try:
-            assert _main(_tiny(out, 2, "--resume", str(ckpt))) == 2
+            assert run_main(_tiny(out, 2, "--resume", str(ckpt))) == 2
             err = capsys.readouterr().err
             assert str(out) in err and "Permission denied" in err, err
         finally:
@@ -345,7 +338,7 @@ def test_pickled_payload_is_refused_and_does_not_run(tmp_path, capsys):
     evil = tmp_path / "evil.pt"
     good_args = _tiny(tmp_path / "run", 1)
     torch.save({"format": atomic_io.FORMAT, "model": Payload(), "optimizer": {}, "epoch": 0, "step": 0}, evil)
-    assert _main(good_args + ["--resume", str(evil)]) == 2
+    assert run_main(good_args + ["--resume", str(evil)]) == 2
     err = capsys.readouterr().err
     assert str(evil) in err and "refused" in err, err
     assert not marker.exists()
@@ -356,7 +349,7 @@ def test_pickled_payload_is_refused_and_does_not_run(tmp_path, capsys):
 def test_torn_foreign_and_wrong_model_checkpoints_name_the_file(tmp_path, capsys):
     out = tmp_path / "run"
     ckpt = out / "checkpoint.pt"
-    assert _main(_tiny(out, 1)) == 0
+    assert run_main(_tiny(out, 1)) == 0
     cases = {}
     torn = tmp_path / "torn.pt"
     torn.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
@@ -375,7 +368,7 @@ def test_torn_foreign_and_wrong_model_checkpoints_name_the_file(tmp_path, capsys
     atomic_io.save_checkpoint(stripped, state)
     cases[stripped] = "another model"
     for path, reason in cases.items():
-        assert _main(_tiny(path.parent, 2, "--resume", str(path))) == 2
+        assert run_main(_tiny(path.parent, 2, "--resume", str(path))) == 2
         err = capsys.readouterr().err
         assert str(path) in err and reason in err, (path, err)
     # a checkpoint of another network (--hidden 16 resumed as --hidden 8): refused by name on the command line,
@@ -383,8 +376,8 @@ def test_torn_foreign_and_wrong_model_checkpoints_name_the_file(tmp_path, capsys
     other = tmp_path / "wide"
     argv = _tiny(other, 1)
     argv[argv.index("--hidden") + 1] = "16"
-    assert _main(argv) == 0
-    assert _main(_tiny(other, 2, "--resume", str(other / "checkpoint.pt"))) == 2
+    assert run_main(argv) == 0
+    assert run_main(_tiny(other, 2, "--resume", str(other / "checkpoint.pt"))) == 2
     err = capsys.readouterr().err
     assert str(other / "checkpoint.pt") in err and "--hidden 8 contradicts the checkpoint's hidden 16" in err, err
     args = mtrain.build_parser().parse_args(_tiny(other, 2, "--resume", str(other / "checkpoint.pt")))
@@ -400,14 +393,14 @@ def test_resume_fallback_to_the_previous_checkpoint(tmp_path, capsys):
     """checkpoint.pt torn, checkpoint.pt.1 (the epoch before) kept: --resume refuses and names the file;
     --resume --resume-fallback continues from checkpoint.pt.1 and ends bitwise where the uninterrupted run does."""
     ref, out = tmp_path / "ref", tmp_path / "run"
-    assert _main(_tiny(ref, 3)) == 0
-    assert _main(_tiny(out, 2)) == 0
+    assert run_main(_tiny(ref, 3)) == 0
+    assert run_main(_tiny(out, 2)) == 0
     ckpt = out / "checkpoint.pt"
     assert atomic_io.previous_versions(ckpt) == [out / "checkpoint.pt.1"]  # --keep-checkpoints 1 by default
     ckpt.write_bytes(ckpt.read_bytes()[:1000])
-    assert _main(_tiny(out, 3, "--resume", str(ckpt))) == 2
+    assert run_main(_tiny(out, 3, "--resume", str(ckpt))) == 2
     assert str(ckpt) in capsys.readouterr().err
-    assert _main(_tiny(out, 3, "--resume", str(ckpt), "--resume-fallback")) == 0
+    assert run_main(_tiny(out, 3, "--resume", str(ckpt), "--resume-fallback")) == 0
     err = capsys.readouterr().err
     assert "trying the previous checkpoint" in err and f"resumed from {ckpt}.1 at epoch 1" in err, err
     assert _bitwise_equal(_params(ckpt)[0], _params(ref / "checkpoint.pt")[0])
@@ -415,7 +408,7 @@ def test_resume_fallback_to_the_previous_checkpoint(tmp_path, capsys):
 
 def test_keep_last_k_checkpoints(tmp_path):
     out = tmp_path / "run"
-    assert _main(_tiny(out, 4, "--keep-checkpoints", "2")) == 0
+    assert run_main(_tiny(out, 4, "--keep-checkpoints", "2")) == 0
     ckpt = out / "checkpoint.pt"
     versions = [ckpt] + atomic_io.previous_versions(ckpt)
     assert [atomic_io.load_checkpoint(p)[0]["epoch"] for p in versions] == [4, 3, 2]
@@ -430,10 +423,10 @@ def test_keep_last_k_checkpoints(tmp_path):
 def test_nonfinite_term_stops_naming_step_and_term_without_writing(tmp_path, monkeypatch, capsys, term, words):
     out = tmp_path / "run"
     ckpt = out / "checkpoint.pt"
-    assert _main(_tiny(out, 1)) == 0
+    assert run_main(_tiny(out, 1)) == 0
     good, rows = ckpt.read_bytes(), (out / "metrics.jsonl").read_text()
     monkeypatch.setenv("MCGRAPH_FAULT_NONFINITE", f"6:{term}")  # step 6: the second step of epoch 2
-    assert _main(_tiny(out, 2, "--resume", str(ckpt))) == 3
+    assert run_main(_tiny(out, 2, "--resume", str(ckpt))) == 3
     err = capsys.readouterr().err
     assert "step 6" in err and words in err, err
     assert ckpt.read_bytes() == good and (out / "metrics.jsonl").read_text() == rows
@@ -442,7 +435,7 @@ def test_nonfinite_term_stops_naming_step_and_term_without_writing(tmp_path, mon
 def test_nonfinite_step_skipped_with_the_flag(tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     monkeypatch.setenv("MCGRAPH_FAULT_NONFINITE", "3:kl")
-    assert _main(_tiny(out, 2, "--on-nonfinite", "skip")) == 0
+    assert run_main(_tiny(out, 2, "--on-nonfinite", "skip")) == 0
     assert "step 3: non-finite loss; the step was skipped" in capsys.readouterr().err
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["skipped_steps"] for r in rows] == [1, 1]
@@ -452,7 +445,7 @@ def test_nonfinite_step_skipped_with_the_flag(tmp_path, monkeypatch, capsys):
 
 def test_optimizer_path_stops_on_a_nonfinite_data_term(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MCGRAPH_FAULT_NONFINITE", "3:data")
-    assert _main(_tiny(tmp_path / "run", 1, *PATHS["vogn"])) == 3
+    assert run_main(_tiny(tmp_path / "run", 1, *PATHS["vogn"])) == 3
     err = capsys.readouterr().err
     assert "step 3: the data term is not finite" in err, err
     assert not (tmp_path / "run" / "checkpoint.pt").exists()

@@ -11,6 +11,7 @@ import torch
 import mcgraph.nn as mnn
 from mcgraph.apps import data as mdata
 from mcgraph.apps import train as mtrain
+from support.train_cli import resumed_pair
 from mcgraph.__main__ import main as cli_main
 
 HAS_SKLEARN = importlib.util.find_spec("sklearn") is not None
@@ -205,23 +206,11 @@ def test_resume_is_bitwise_exact(tmp_path, extra):
     setting, ``--threads`` and the 3 epochs included, comes from the checkpoint; the output goes to the
     checkpoint's folder), the ELBO run ends with the uninterrupted run's parameters and Adam state bit for
     bit (same data order, noise and generator states)."""
-    from mcgraph.apps import atomic_io
-
     common = ["--model", "mlp", "--hidden", "8", "--dataset", "digits", "--batch-size", "128", "--limit-train",
               "512", "--limit-test", "64", "--kl-samples", "4", "--eval-samples", "2", "--periodic-eval-samples", "2",
               "--no-progress", "--threads", "1", "--epochs", "3", "--keep-checkpoints", "2", *extra]
-    ref, again = tmp_path / "ref", tmp_path / "again"
-    threads = torch.get_num_threads()
-    try:
-        assert mtrain.main(common + ["--out", str(ref)]) == 0
-        again.mkdir()
-        (again / "start.pt").write_bytes((ref / "checkpoint.pt.2").read_bytes())
-        assert mtrain.main(["--resume", str(again / "start.pt")]) == 0
-    finally:
-        torch.set_num_threads(threads)
-    a, _ = atomic_io.load_checkpoint(ref / "checkpoint.pt")
-    b, _ = atomic_io.load_checkpoint(again / "checkpoint.pt")
-    assert a["step"] == b["step"] == 12 and b["args"]["out"] == str(again)
+    a, b = resumed_pair(common, tmp_path)
+    assert a["step"] == b["step"] == 12 and b["args"]["out"] == str(tmp_path / "again")
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
     for x, y in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):

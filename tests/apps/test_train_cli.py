@@ -29,8 +29,8 @@ import pytest
 import torch
 
 from support.child_env import child_env
+from support.train_cli import run_main
 from mcgraph.apps import atomic_io
-from mcgraph.apps import train as mtrain
 
 pytestmark = pytest.mark.integration
 
@@ -48,14 +48,6 @@ SLOW = ["--model", "mlp", "--hidden", "16", "--dataset", "digits", "--batch-size
 #: the line a Ctrl-C prints after a checkpoint exists
 INTERRUPTED = re.compile(r"^mcgraph train: interrupted (?P<doing>.+?); (?P<path>\S+) holds epoch (?P<done>\d+); "
                          r"resume with: mcgraph train --resume (?P<command_path>\S+)$")
-
-
-def _main(argv: list) -> int:
-    threads = torch.get_num_threads()
-    try:
-        return mtrain.main(argv)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _sigint_default():  # runs in the child before exec: a shell may start background jobs with SIGINT ignored
@@ -131,8 +123,8 @@ def test_ctrl_c_mid_epoch_prints_one_line_and_resume_alone_ends_bitwise_like_the
     assert _checkpoint(out / "checkpoint.pt")["epoch"] == done >= 1
     _nothing_partial(out)
 
-    assert _main(SLOW + ["--out", str(ref)]) == 0  # the uninterrupted run
-    assert _main(["--resume", match["command_path"]]) == 0  # the printed command
+    assert run_main(SLOW + ["--out", str(ref)]) == 0  # the uninterrupted run
+    assert run_main(["--resume", match["command_path"]]) == 0  # the printed command
     _same_parameters(out / "checkpoint.pt", ref / "checkpoint.pt")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [1, 2, 3]  # the same run folder: its log goes on
@@ -144,7 +136,7 @@ def test_ctrl_c_inside_the_checkpoint_write_keeps_the_previous_checkpoint(tmp_pa
     done): the write is abandoned, its temporary file removed, and checkpoint.pt still holds epoch 1, which the
     printed line names. The interrupted run was itself a ``--resume`` alone, with ``--epochs`` raised."""
     out = tmp_path / "run"
-    assert _main(TINY + ["--epochs", "1", "--out", str(out)]) == 0
+    assert run_main(TINY + ["--epochs", "1", "--out", str(out)]) == 0
     ckpt = out / "checkpoint.pt"
     before = ckpt.read_bytes()
     env = child_env(MCGRAPH_ATOMIC_PAUSE_S="60", MCGRAPH_ATOMIC_MATCH="checkpoint.pt")
@@ -178,8 +170,8 @@ def test_resume_alone_takes_every_setting_from_the_checkpoint(tmp_path, monkeypa
     out = tmp_path / "run"
     argv = TINY + ["--optimizer", "vogn", "--lr", "5e-3", "--mc-samples", "2", "--seed", "4", "--epochs", "1",
                    "--no-progress", "--out", str(out)]
-    assert _main(argv) == 0
-    assert _main(["--resume", str(out / "checkpoint.pt"), "--epochs", "2"]) == 0
+    assert run_main(argv) == 0
+    assert run_main(["--resume", str(out / "checkpoint.pt"), "--epochs", "2"]) == 0
     err = capsys.readouterr().err
     assert "resuming" in err and "--epochs 2 (checkpoint: 1)" in err, err
     state = _checkpoint(out / "checkpoint.pt")
@@ -195,11 +187,11 @@ def test_resume_alone_takes_every_setting_from_the_checkpoint(tmp_path, monkeypa
 def test_a_flag_that_contradicts_the_checkpoint_is_refused_by_name(tmp_path, capsys):
     out = tmp_path / "run"
     ckpt = out / "checkpoint.pt"
-    assert _main(TINY + ["--epochs", "2", "--lr", "1e-3", "--out", str(out)]) == 0
+    assert run_main(TINY + ["--epochs", "2", "--lr", "1e-3", "--out", str(out)]) == 0
     kept = ckpt.read_bytes()
     capsys.readouterr()
     # the whole command line again, with --lr changed: refused, not run with the new rate
-    assert _main(TINY + ["--epochs", "2", "--lr", "0.01", "--out", str(out), "--resume", str(ckpt)]) == 2
+    assert run_main(TINY + ["--epochs", "2", "--lr", "0.01", "--out", str(out), "--resume", str(ckpt)]) == 2
     assert "--lr 0.01 contradicts the checkpoint's lr 0.001" in capsys.readouterr().err
     refused = {
         ("--lr", "0.01"): "--lr 0.01 contradicts the checkpoint's lr 0.001",
@@ -212,11 +204,11 @@ def test_a_flag_that_contradicts_the_checkpoint_is_refused_by_name(tmp_path, cap
         ("--out", str(tmp_path / "elsewhere")): f"contradicts the checkpoint's run folder {out}",
     }
     for flags, words in refused.items():
-        assert _main(["--resume", str(ckpt), *flags]) == 2, flags
+        assert run_main(["--resume", str(ckpt), *flags]) == 2, flags
         err = capsys.readouterr().err
         assert f"checkpoint {ckpt}: " in err and words in err, (flags, err)
         assert "Traceback" not in err
-    assert _main(["--resume", str(ckpt), "--lr", "0.01", "--kl-samples", "5"]) == 2  # all of them, by name
+    assert run_main(["--resume", str(ckpt), "--lr", "0.01", "--kl-samples", "5"]) == 2  # all of them, by name
     err = capsys.readouterr().err
     assert "--lr 0.01 contradicts" in err and "--kl-samples 5 contradicts the checkpoint's kl_samples 4" in err
     assert ckpt.read_bytes() == kept and not (tmp_path / "elsewhere").exists()
@@ -229,11 +221,11 @@ def test_flags_that_agree_and_run_controls_are_accepted(tmp_path, capsys):
     out = tmp_path / "run"
     ckpt = out / "checkpoint.pt"
     first = TINY + ["--epochs", "1", "--lr", "1e-3", "--out", str(out)]
-    assert _main(first) == 0
+    assert run_main(first) == 0
     argv = first[:first.index("--epochs")] + ["--lr", "0.001", "--epochs", "2", "--out", str(out) + "/"]
-    assert _main(argv + ["--resume", str(ckpt)]) == 0
+    assert run_main(argv + ["--resume", str(ckpt)]) == 0
     assert _checkpoint(ckpt)["epoch"] == 2
-    assert _main(["--resume", str(ckpt), "--epochs", "3", "--threads", "2", "--no-progress", "--keep-checkpoints",
+    assert run_main(["--resume", str(ckpt), "--epochs", "3", "--threads", "2", "--no-progress", "--keep-checkpoints",
                   "2", "--eval-samples", "3", "--out", str(out)]) == 0
     err = capsys.readouterr().err
     assert "--threads 2 (checkpoint: 1)" in err and "--eval-samples 3 (checkpoint: 2)" in err, err
@@ -247,25 +239,25 @@ def test_a_layout_that_does_not_fit_this_launch_is_named_and_may_be_overridden(t
     fit and is named (no traceback); --data-parallel 1, a run control, overrides it."""
     out = tmp_path / "run"
     ckpt = out / "checkpoint.pt"
-    assert _main(TINY + ["--epochs", "1", "--no-progress", "--out", str(out)]) == 0
+    assert run_main(TINY + ["--epochs", "1", "--no-progress", "--out", str(out)]) == 0
     state = _checkpoint(ckpt)
     state["args"]["data_parallel"] = 2
     atomic_io.save_checkpoint(ckpt, state)
     capsys.readouterr()
-    assert _main(["--resume", str(ckpt)]) == 2
+    assert run_main(["--resume", str(ckpt)]) == 2
     err = capsys.readouterr().err
     assert "--data-parallel 2 (the checkpoint's) does not divide the 1 process(es) of this launch" in err, err
-    assert _main(["--resume", str(ckpt), "--data-parallel", "1", "--epochs", "2"]) == 0
+    assert run_main(["--resume", str(ckpt), "--data-parallel", "1", "--epochs", "2"]) == 0
     assert "--data-parallel 1 (checkpoint: 2)" in capsys.readouterr().err
     assert _checkpoint(ckpt)["epoch"] == 2
 
 
 def test_sghmc_epochs_are_fixed_by_its_schedule(tmp_path, capsys):
     out = tmp_path / "run"
-    assert _main(TINY + ["--optimizer", "adaptive-vb", "--avb-form", "sghmc", "--epochs", "1", "--no-progress",
+    assert run_main(TINY + ["--optimizer", "adaptive-vb", "--avb-form", "sghmc", "--epochs", "1", "--no-progress",
                          "--out", str(out)]) == 0
     capsys.readouterr()
-    assert _main(["--resume", str(out / "checkpoint.pt"), "--epochs", "2"]) == 2
+    assert run_main(["--resume", str(out / "checkpoint.pt"), "--epochs", "2"]) == 2
     assert "cyclical learning rate of --avb-form sghmc" in capsys.readouterr().err
 
 

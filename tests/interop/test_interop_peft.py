@@ -10,33 +10,19 @@ from torch.distributions import Normal, kl_divergence
 
 import mcgraph as mg
 from mcgraph.nn import BayesLoRA
+from support.tiny_lm import NextToken, gpt2_config, tiny_gpt2
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (make interop installs it)")
 peft = pytest.importorskip("peft", reason="peft is not installed (make interop installs it)")
 ipeft = pytest.importorskip("mcgraph.interop.peft")
 
 
-def _config():
-    return transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=50, n_positions=16, bos_token_id=0,
-                                   eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-
-
 def _peft_gpt2(seed=0, **lora):
-    torch.manual_seed(seed)
-    base = transformers.GPT2LMHeadModel(_config()).double()
+    base = tiny_gpt2(seed)
     options = dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj"], fan_in_fan_out=True,
                    init_lora_weights=False)  # random B, so the adapters change the output
     options.update(lora)
     return peft.get_peft_model(base, peft.LoraConfig(**options))
-
-
-class NextToken(nn.Module):
-    def __init__(self, lm):
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, ids):
-        return self.lm(input_ids=ids).logits[:, -1]
 
 
 def _pairs(peft_model, converted):
@@ -96,7 +82,7 @@ def test_one_optimizer_step_moves_peft_parameters_and_save_pretrained_keeps_work
     pm.save_pretrained(tmp_path)  # the means, in peft's format
     torch.save(bnn.state_dict(), tmp_path / "mcgraph.pt")  # σ too
     torch.manual_seed(0)
-    again = peft.PeftModel.from_pretrained(transformers.GPT2LMHeadModel(_config()).double(), tmp_path)
+    again = peft.PeftModel.from_pretrained(transformers.GPT2LMHeadModel(gpt2_config()).double(), tmp_path)
     for (n, p), (m, q) in zip(pm.named_parameters(), again.named_parameters(), strict=True):
         assert n == m and torch.equal(p, q), n
     restored = ipeft.to_mcgraph(again, kl_samples=2)

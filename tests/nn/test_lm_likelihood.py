@@ -18,6 +18,7 @@ import mcgraph as mg
 from mcgraph.engine.plan.families import family_of
 from mcgraph.nn import BayesLoRA
 from mcgraph.nn.context import NoiseKind, sample_run
+from support.tiny_lm import tiny_gpt2
 
 TOKEN = "token_categorical"
 
@@ -27,11 +28,7 @@ def _transformers():
 
 
 def _gpt2(seed=0, dtype=torch.float64, **config):
-    tr = _transformers()
-    options = dict(n_layer=2, n_embd=32, n_head=2, vocab_size=50, n_positions=16, bos_token_id=0, eos_token_id=0)
-    options.update(config)
-    torch.manual_seed(seed)
-    return tr.GPT2LMHeadModel(tr.GPT2Config(**options)).to(dtype).eval()  # eval(): GPT-2's dropout off
+    return tiny_gpt2(seed, dtype, **config).eval()
 
 
 def _lora(gpt, seed=1, **options):

@@ -13,6 +13,7 @@ import mcgraph as mg
 from mcgraph.engine.plan.families import family_of
 from mcgraph.nn import BayesLoRA
 from mcgraph.nn.context import NoiseKind, sample_run
+from support.tiny_lm import NextToken, tiny_gpt2
 
 
 def _transformers():
@@ -20,22 +21,7 @@ def _transformers():
 
 
 def _gpt2(seed=0, dtype=torch.float64):
-    tr = _transformers()
-    config = tr.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=50, n_positions=16, bos_token_id=0,
-                           eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    torch.manual_seed(seed)
-    return tr.GPT2LMHeadModel(config).to(dtype)
-
-
-class NextToken(nn.Module):
-    """A causal LM as a classifier of the next token: ``(B, T)`` ids → ``(B, V)`` logits at the last position."""
-
-    def __init__(self, lm):
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, ids):
-        return self.lm(input_ids=ids).logits[:, -1]
+    return tiny_gpt2(seed, dtype)
 
 
 def _mlp(dtype=torch.float64):

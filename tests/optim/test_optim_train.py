@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mcgraph.apps import train as mtrain
+from support.train_cli import resumed_pair
 
 HAS_SKLEARN = importlib.util.find_spec("sklearn") is not None
 pytestmark = pytest.mark.skipif(not HAS_SKLEARN, reason="scikit-learn not installed")
@@ -113,26 +114,14 @@ def test_resume_is_bitwise_exact(tmp_path, extra):
     optimizer and its options, ``--lr`` and the epochs come from the checkpoint), a run ends with the
     uninterrupted run's parameters, optimizer state and snapshots bit for bit; checkpoints load with
     weights_only=True."""
-    from mcgraph.apps import atomic_io
-
-    ref, again = tmp_path / "ref", tmp_path / "again"
-    threads = torch.get_num_threads()
-    try:
-        assert mtrain.main(RESUME + extra + ["--out", str(ref)]) == 0
-        again.mkdir()
-        (again / "start.pt").write_bytes((ref / "checkpoint.pt.2").read_bytes())
-        assert mtrain.main(["--resume", str(again / "start.pt")]) == 0
-    finally:
-        torch.set_num_threads(threads)
-    a, _ = atomic_io.load_checkpoint(ref / "checkpoint.pt")
-    b, _ = atomic_io.load_checkpoint(again / "checkpoint.pt")
+    a, b = resumed_pair(RESUME + extra, tmp_path)
     assert a["epoch"] == b["epoch"] == 3 and a["step"] == b["step"]
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
     flat = lambda s: [v for v in torch.utils._pytree.tree_leaves(s) if isinstance(v, torch.Tensor)]  # noqa: E731
     assert all(torch.equal(x, y) for x, y in zip(flat(a["optimizer"]), flat(b["optimizer"])))
     assert all(torch.equal(x, y) for x, y in zip(flat(a["snapshots"]), flat(b["snapshots"])))
-    rows = [json.loads(line) for line in (again / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tmp_path / "again" / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [2, 3]  # a fresh directory: the resumed epochs only
 
 
