@@ -291,3 +291,27 @@ def test_sparse_vd_kl_quick_agrees_with_quadrature(tmp_path):
     assert 0.009 < abs(worst["approx_minus_quadrature"]) < 0.01 and worst["log_alpha"] == -3.5
     g = data["rows"]["graph_size"]
     assert g["M1"] == next(v for k, v in g.items() if k != "M1")
+
+
+def test_sparse_vd_ablations_change_one_aspect_each_and_render(tmp_path):
+    """Each ablation is the adopted recipe with its own overrides only (LeNet-300-100, seed 0, its own cache
+    files); an unknown one is refused by name; recorded rows render with their curve's compression."""
+    from paper_tables import sparse_vd_table as t
+
+    adopted = t._settings(False)
+    for ablation, (_, overrides) in t.ABLATIONS.items():
+        s = t.ablation_settings(ablation)
+        changed = {k for k in set(s) | set(adopted) if s.get(k) != adopted.get(k)}
+        assert changed == set(overrides) | {"nets", "arms", "seeds", "tag"}, ablation
+        assert (s["nets"], s["arms"], s["tag"]) == (["lenet300_100"], ["sparse_vd"], f"-ablation-{ablation}")
+    with pytest.raises(ValueError, match="ablation must be one of"):
+        t.ablation_settings("Z")
+    run = {"error": 0.0191, "compression": 107.9, "per_layer_sparsity": [0.992, 0.985, 0.8], "epochs_done": 200,
+           "epochs": 200, "complete": True, "key": "k",
+           "curve": [{"epoch": e, "error": 0.02, "compression": float(e)} for e in (50, 100, 150, 200)]}
+    t.record_ablation(tmp_path, t.ablation_row("F", run, "a test"))
+    t.record_ablation(tmp_path, t.ablation_row("B", dict(run, compression=40.0), "a test"))
+    rows = t.load_ablations(tmp_path)
+    assert [r["id"] for r in rows] == ["B", "F"] and rows[0]["relative_to"] == "F"
+    table = t.ablation_table(rows)
+    assert "| F |" in table and "50.0 / 100.0 / 150.0" in table and "| 40.0 |" in table
