@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import os
 
-os.environ["TRITON_INTERPRET"] = "1"  # before Triton (and mcgraph.kernels) is first imported
+import subprocess
+import sys
 
-import subprocess  # noqa: E402
-import sys  # noqa: E402
+import pytest
+import torch
+from torch import distributions as D
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from torch import distributions as D  # noqa: E402
-
-import mcgraph as mg  # noqa: E402
-from mcgraph.engine.noise import backends as backend  # noqa: E402
-from mcgraph.engine.estimators import softmax, triton_fused  # noqa: E402
-from mcgraph import distributions as mgd  # noqa: E402
+import mcgraph as mg
+from mcgraph.engine.noise import backends as backend
+from mcgraph.engine.estimators import softmax, triton_fused
+from mcgraph import distributions as mgd
 
 F64 = torch.float64
 

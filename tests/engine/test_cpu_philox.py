@@ -24,24 +24,22 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton (and mcgraph.kernels) is first imported
+import math
+import platform
+import shutil
+import subprocess
+import sys
 
-import math  # noqa: E402
-import platform  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
+import pytest
+import torch
+from support.native_fallback import assert_runs_without_compiler
+from support.paths import ROOT
+from torch import distributions as D
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from support.native_fallback import assert_runs_without_compiler  # noqa: E402
-from support.paths import ROOT  # noqa: E402
-from torch import distributions as D  # noqa: E402
-
-import mcgraph as mg  # noqa: E402
-from mcgraph.engine.noise import backends as backend, cpu_philox  # noqa: E402
-from mcgraph import distributions as mgd  # noqa: E402
-from mcgraph.engine.noise.statistics import noise_statistics  # noqa: E402
+import mcgraph as mg
+from mcgraph.engine.noise import backends as backend, cpu_philox
+from mcgraph import distributions as mgd
+from mcgraph.engine.noise.statistics import noise_statistics
 
 stats = pytest.importorskip("scipy.stats")
 
