@@ -163,8 +163,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     atomic_io.write_json(out / "distributed_kl.json", rows, indent=1)
     base = next((r for r in rows if r["processes"] == 1), None)
-    print(f"| R | rank | time (s) | speed-up | CPU (s) | comm in call (s) | isolated all-reduce (s) | "
-          f"MB reduced | peak RSS (MB) | KL |")
+    print("| R | rank | time (s) | speed-up | CPU (s) | comm in call (s) | isolated all-reduce (s) | "
+          "MB reduced | peak RSS (MB) | KL |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         speed = f"{base['time_s'] / r['time_s']:.2f}x" if base else "-"

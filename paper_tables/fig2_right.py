@@ -24,7 +24,6 @@ import math
 import time
 
 import numpy as np
-import torch
 
 import mcgraph as mg
 

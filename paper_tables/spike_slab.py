@@ -345,7 +345,6 @@ def report(out_dir, result: TargetResult) -> dict:
             if not rows:
                 continue
             exact = sum(x["kept_inputs"] == [k for k in kept] for x in rows)
-            truth = sum(x["kept_inputs"] == [1, 2, 3, 4, 5][:len(kept)] for x in rows)
             if "test_mse" in rows[0]:
                 ours_metric = (f"test MSE {_mean_sd([x['test_mse'] for x in rows])} (BMA "
                                f"{_mean_sd([x['test_mse_bma'] for x in rows])})")

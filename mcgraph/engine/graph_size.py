@@ -6,7 +6,7 @@ This is how memory is shown on CPU: a collapsed or fused estimate has the same
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 

@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 from torch import nn
-from torch.distributions import Gamma, Normal, Laplace, ExpTransform, TransformedDistribution
+from torch.distributions import Gamma, Normal, ExpTransform, TransformedDistribution
 
 import mcgraph as mg
 import mcgraph.nn as mnn
