@@ -361,6 +361,27 @@ def cached_row(cache, key: str) -> dict | None:
     return None
 
 
+def paired(rs: list, base: list, scores=("accuracy", "nll", "ece")) -> dict | None:
+    """Per-seed differences ``arm − base`` of the test ``scores`` (``r["test"]``) on the seeds both rows lists
+    have: ``{score: (mean, sample sd, pairs)}``; ``None`` when no seed is shared."""
+    import numpy as np
+
+    by_seed = {r["seed"]: r for r in base if "test" in r}
+    pairs = [(r, by_seed[r["seed"]]) for r in rs if "test" in r and r["seed"] in by_seed]
+    if not pairs:
+        return None
+    out = {}
+    for k in scores:
+        d = [a["test"][k] - b["test"][k] for a, b in pairs]
+        out[k] = (float(np.mean(d)), float(np.std(d, ddof=1)) if len(d) > 1 else 0.0, len(d))
+    return out
+
+
+def verdict(ok: bool, why_not: str) -> str:
+    """A claim row's verdict: ``"reproduced"``, or ``"not reproduced, because <why_not>"``."""
+    return "reproduced" if ok else f"not reproduced, because {why_not}"
+
+
 _DEADLINE: float | None = None
 
 
@@ -390,9 +411,9 @@ _METRIC_NAMES = {"accuracy": "test accuracy", "nll": "NLL", "ece": "ECE"}
 
 def log_run(label: str, r: dict, metrics: Sequence[str] = ("accuracy", "ece")) -> None:
     """One progress line for a training run's row: its test ``metrics`` and seconds per epoch (or "cached"),
-    or why it is missing (``r["missing"]``)."""
+    or why it has none (``r["missing"]``, or a deadline that came before its first epoch)."""
     if "test" not in r:
-        log(f"{label}: {r['missing']}")
+        log(f"{label}: " + r.get("missing", "stopped by the budget before its first epoch (resumes when run again)"))
         return
     took = "cached" if r.get("cached") else f"{r['seconds_per_epoch']:.2f} s/epoch"
     log(f"{label}: " + ", ".join(f"{_METRIC_NAMES[m]} {r['test'][m]:.4f}" for m in metrics) + f" ({took})")

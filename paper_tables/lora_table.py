@@ -77,7 +77,7 @@ from torch import nn
 
 from . import vogn_table as vt
 from .common import (TargetResult, bar_grid, cached_row, config_key, fmt_mean_sd, load_result, log_run, md_table,
-                     predictive_probs, timed, write_cache, write_target)
+                     paired, predictive_probs, timed, verdict, write_cache, write_target)
 
 NAME = "lora_table"
 TITLE = ("Bayesian fine-tuning: LoRA, MC-dropout LoRA, last-layer Bayesian, variational LoRA, IVON-LoRA and "
@@ -664,19 +664,6 @@ def _aggregate_rows(rs: list) -> dict:
     return row
 
 
-def paired(rs: list, base: list) -> dict | None:
-    """Per-seed differences ``arm − base`` on the seeds both have: ``{score: (mean, sd, n)}``."""
-    by_seed = {r["seed"]: r for r in base if "test" in r}
-    pairs = [(r, by_seed[r["seed"]]) for r in rs if "test" in r and r["seed"] in by_seed]
-    if not pairs:
-        return None
-    out = {}
-    for k in ("accuracy", "nll", "ece"):
-        d = [a["test"][k] - b["test"][k] for a, b in pairs]
-        out[k] = (float(np.mean(d)), float(np.std(d, ddof=1)) if len(d) > 1 else 0.0, len(d))
-    return out
-
-
 def aggregate(runs: list, task: str = "digits") -> dict:
     """``{arm: {score: (mean, sample std)}}`` over the seeds of the main arms of ``task``."""
     out = {}
@@ -737,10 +724,6 @@ def rerender(out_dir) -> dict:
     return report(out_dir, load_result(out_dir, NAME))
 
 
-def _verdict(ok: bool, why_not: str) -> str:
-    return "reproduced" if ok else f"not reproduced, because {why_not}"
-
-
 def _claims(result: TargetResult, runs: list, task: str, agg: dict) -> None:
     """The claim rows of one task, each with its verdict (means over seeds and paired per-seed differences)."""
     base = agg.get("lora")
@@ -766,7 +749,7 @@ def _claims(result: TargetResult, runs: list, task: str, agg: dict) -> None:
             why.append("its ECE is not below LoRA's")
         result.compare(f"{task}: {LABELS[arm]} vs LoRA", EXPECTED,
                        f"Δacc {gap:+.2f} pp; NLL {a['nll'][0]:.3f} vs {base['nll'][0]:.3f}; ECE {a['ece'][0]:.3f} vs "
-                       f"{base['ece'][0]:.3f}{paired_txt}: " + _verdict(accurate and calibrated, "; ".join(why)),
+                       f"{base['ece'][0]:.3f}{paired_txt}: " + verdict(accurate and calibrated, "; ".join(why)),
                        seeds_note, NOTES.get((task, arm), "a small network and data set, CPU"))
     # the reproduction targets for the best mcgraph arm
     cands = [a for a in MCGRAPH_ARMS if a in agg]
@@ -782,7 +765,7 @@ def _claims(result: TargetResult, runs: list, task: str, agg: dict) -> None:
                    "below LoRA's", "the target",
                    f"Δacc {gap:+.2f} pp (paired {100 * d['accuracy'][0]:+.2f} ± {100 * d['accuracy'][1]:.2f}); "
                    f"NLL {a['nll'][0]:.3f} vs {base['nll'][0]:.3f}; ECE {a['ece'][0]:.3f} vs {base['ece'][0]:.3f}: "
-                   + _verdict(ok_acc and ok_cal, "; ".join(
+                   + verdict(ok_acc and ok_cal, "; ".join(
                        ([f"accuracy is {-gap:.2f} pp below LoRA's"] if not ok_acc else [])
                        + (["NLL or ECE is not below LoRA's"] if not ok_cal else []))),
                    seeds_note, NOTES.get((task, "target1"), "—"))
@@ -792,7 +775,7 @@ def _claims(result: TargetResult, runs: list, task: str, agg: dict) -> None:
         result.compare(f"{task}: target 2 — best mcgraph arm's ECE below Laplace-LoRA's or within its sd",
                        "the target",
                        f"ECE {a['ece'][0]:.3f} ± {a['ece'][1]:.3f} vs Laplace-LoRA {lap['ece'][0]:.3f} ± "
-                       f"{lap['ece'][1]:.3f}: " + _verdict(ok, "its ECE is above Laplace-LoRA's by more than "
+                       f"{lap['ece'][1]:.3f}: " + verdict(ok, "its ECE is above Laplace-LoRA's by more than "
                                                                "Laplace-LoRA's sd"),
                        seeds_note, NOTES.get((task, "target2"), "—"))
 
@@ -987,5 +970,5 @@ def plot(result: TargetResult, path) -> None:
              size=(18, 4.2), rotation=40, zoom=("accuracy",))
 
 
-__all__ = ["RowTransformer", "Block", "data", "pretrained", "build", "fit", "run_arm", "aggregate", "paired", "run",
+__all__ = ["RowTransformer", "Block", "data", "pretrained", "build", "fit", "run_arm", "aggregate", "run",
            "report", "plot", "task_settings", "blob_kl_weights", "adapter_diagnostics", "ABLATIONS", "ARMS"]

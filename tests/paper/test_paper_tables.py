@@ -229,10 +229,14 @@ def _assert_quick_lora_outcomes(record: dict) -> None:
 
 def _assert_quick_sequence_outcomes(record: dict) -> None:
     """The quick sequence table trained all four models on the digits read by rows, with both seeds: each
-    learns (chance is 10 %), and the predictive entropy tells noise and rotated digits from the test digits."""
+    learns (chance is 10 %), the predictive entropy tells noise and rotated digits from the test digits, and each
+    run trained its whole schedule and kept its learning curve (scored every 2 of 6 epochs)."""
     runs = record["rows"]["runs"]
     assert sorted(r["arm"] for r in runs) == sorted(f"digits:{a}" for a in
                                                     ("lstm", "mc_dropout", "bayes_lstm", "bayes_transformer") * 2)
+    for r in runs:
+        assert r["complete"] and [p["epoch"] for p in r["curve"]] == [2, 4, 6], r["arm"]
+        assert r["curve"][-1]["accuracy"] > r["curve"][0]["accuracy"], (r["arm"], r["curve"])
     for key, a in record["rows"]["aggregate"].items():
         assert a["accuracy"][0] >= 0.8, (key, a["accuracy"])
         assert a["ood_noise"][0] >= 0.6 and a["ood_rotated"][0] >= 0.6, (key, a["ood_noise"], a["ood_rotated"])
