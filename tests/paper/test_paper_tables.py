@@ -237,6 +237,7 @@ def _assert_quick_sequence_outcomes(record: dict) -> None:
     for r in runs:
         assert r["complete"] and [p["epoch"] for p in r["curve"]] == [2, 4, 6], r["arm"]
         assert r["curve"][-1]["accuracy"] > r["curve"][0]["accuracy"], (r["arm"], r["curve"])
+        assert ("kl_per_example" in r) == (":bayes_" in r["arm"]) and r.get("kl_per_example", 1) > 0, r["arm"]
     for key, a in record["rows"]["aggregate"].items():
         assert a["accuracy"][0] >= 0.8, (key, a["accuracy"])
         assert a["ood_noise"][0] >= 0.6 and a["ood_rotated"][0] >= 0.6, (key, a["ood_noise"], a["ood_rotated"])

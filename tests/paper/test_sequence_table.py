@@ -44,6 +44,16 @@ def test_mean_curve_averages_the_epochs_every_seed_reached():
     assert sequence_table.mean_curve([]) == []
 
 
+def test_stuck_at_chance_means_every_point_of_the_curve_near_chance():
+    def run(*accuracies):
+        return {"curve": [{"epoch": i + 1, "accuracy": a} for i, a in enumerate(accuracies)]}
+
+    assert sequence_table.stuck_at_chance(run(0.09, 0.12, 0.1))
+    assert not sequence_table.stuck_at_chance(run(0.09, 0.5, 0.1))  # it learned, then fell back
+    assert not sequence_table.stuck_at_chance(run())  # no curve: nothing to judge
+    assert sequence_table.stuck_at_chance(run(0.3, 0.31), chance=0.3)
+
+
 def _without_times(row: dict) -> dict:
     return [{k: v for k, v in p.items() if k != "train_seconds"} for p in row["curve"]]
 
@@ -65,6 +75,7 @@ def test_a_run_stopped_by_the_deadline_resumes_to_the_uninterrupted_result(tmp_p
     assert resumed["complete"] and resumed["epochs_done"] == 3
     assert _without_times(resumed) == _without_times(whole)
     assert resumed["test"] == whole["test"] and resumed["ood"] == whole["ood"]
+    assert resumed["kl_per_example"] == whole["kl_per_example"] > 0
 
 
 def test_the_page_says_which_runs_stopped_early(tmp_path, monkeypatch, one_thread):
