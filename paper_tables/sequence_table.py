@@ -307,6 +307,8 @@ def report(out_dir, result: TargetResult) -> dict:
                     f"(ρ₀ = {s['rho_init']}), N(0, 1) prior, 1 sample per step, KL / N at weight 1. Predictive "
                     f"distributions from {s['predict']} samples (LSTM: the network). OOD: {s['ood']} inputs of each "
                     "kind, AUROC of predictive entropy against the test set's. CPU, this machine under its load.")
+    pressure = kl_pressure(s, runs)
+    at_init = {(p[0], p[1]): (p[2], p[3]) for p in pressure}
     why_different = (f"{s['layers']}-layer LSTMs of {s['hidden']}, a {t['num_layers']}-layer transformer of d_model "
                      f"{t['d_model']}, {{e}} epochs, CPU")
     for dataset in s["datasets"]:
@@ -343,7 +345,9 @@ def report(out_dir, result: TargetResult) -> dict:
                            f"Δacc {gap:+.2f} pp; NLL {a['nll'][0]:.3f} vs {base['nll'][0]:.3f}; ECE "
                            f"{a['ece'][0]:.3f} vs {base['ece'][0]:.3f}; noise AUROC {a['ood_noise'][0]:.3f} vs "
                            f"{base['ood_noise'][0]:.3f}{paired_txt}: " + verdict(not why, "; ".join(why)),
-                           f"{dataset}, {len(a['seeds'])} seeds", why_different.format(e=a["epochs"]))
+                           f"{dataset}, {len(a['seeds'])} seeds", why_different.format(e=a["epochs"]) + (
+                               "; KL / N at initialisation {1} nats with N = {0} (see the KL section)".format(
+                                   *at_init[dataset, LABELS[arm]]) if (dataset, LABELS[arm]) in at_init else ""))
     rows = [(_split(k)[0], LABELS[_split(k)[1]], a["parameters"], fmt_mean_sd(a["accuracy"], 100, 2),
              fmt_mean_sd(a["nll"]), fmt_mean_sd(a["ece"]), fmt_mean_sd(a["brier"]), fmt_mean_sd(a["ood_noise"]),
              fmt_mean_sd(a["ood_rotated"]), _epochs(min(a["epochs_done"]), a["epochs"]),
@@ -360,7 +364,6 @@ def report(out_dir, result: TargetResult) -> dict:
                 "yes" if r.get("cached") else "no") for r in runs]
     result.section("Every run", md_table(("dataset", "model", "seed", "test acc (%)", "NLL", "ECE",
                                           "AUROC noise", "AUROC rotated", "epochs", "s/epoch", "reused"), per_run))
-    pressure = kl_pressure(s, runs)
     if pressure:
         stuck = [f"{r['dataset']} {LABELS[_split(r['arm'])[1]]} seed {r['seed']}" for r in runs if stuck_at_chance(r)]
         result.section("The KL term against the data", "The Bayesian arms minimise NLL + KL(q‖p) / N per example "
@@ -379,7 +382,7 @@ def report(out_dir, result: TargetResult) -> dict:
                    "run are the meaningful part.")
     env = result.env or {}
     load = env.get("load_average_1min_at_start")
-    budget = (" Every run trains its dataset's whole schedule; the learning curves (figure, bottom row) show "
+    budget = (" Every run trains its dataset's whole schedule; the learning curves (figure, right-hand column) show "
               "where each arm levels off. A run stopped by `--budget-minutes` is scored at the epoch it reached "
               "(the epochs column says which) and continues from its checkpoint when the target runs again.")
     result.section("How it was run", f"`python -m paper_tables {NAME}{' --quick' if result.quick else ''} --threads "
