@@ -1,9 +1,10 @@
 """Long training runs that can stop and resume: a checkpoint after every epoch, and a curve of scores.
 
 Not a target: ``sparse_vd_table`` and ``vogn_table`` train at the seeds' schedules (hundreds of
-epochs) with it. A run is a loop over epochs; after each one :func:`train_epochs` writes, atomically,
-the state of every object it was given (model, optimizer, data-order generator), the epochs done,
-the training seconds and the curve so far. Started again with the same key it continues from the
+epochs) with it, ``sequence_table`` to convergence. A run is a loop over epochs; after each one
+:func:`train_epochs` writes, atomically, the state of every object it was given (model, optimizer,
+data-order generator), torch's global generator (dropout masks draw from it), the epochs done, the
+training seconds and the curve so far. Started again with the same key it continues from the
 last completed epoch, so stopping a run (a ``--budget-minutes`` deadline, SIGKILL, a reboot) costs
 at most one epoch. A different key (other settings) starts from scratch.
 
@@ -65,6 +66,8 @@ def train_epochs(path: str | Path | None, key: str, objects: dict, epochs: int, 
             for name, obj in objects.items():
                 _load(obj, ckpt["states"][name])
             done, curve, seconds = ckpt["epochs_done"], ckpt["curve"], ckpt["train_seconds"]
+            if "torch_rng" in ckpt:  # dropout masks and other draws from torch's global generator
+                torch.set_rng_state(ckpt["torch_rng"])
             log(f"{label}: resuming after epoch {done} of {epochs}")
     while done < epochs and not out_of_time():
         t0 = time.perf_counter()
@@ -81,6 +84,7 @@ def train_epochs(path: str | Path | None, key: str, objects: dict, epochs: int, 
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_io.atomic_write(path, "wb") as f:
             torch.save({"key": key, "epochs_done": done, "curve": curve, "train_seconds": seconds,
-                        "states": {name: _state(obj) for name, obj in objects.items()}}, f)
+                        "states": {name: _state(obj) for name, obj in objects.items()},
+                        "torch_rng": torch.get_rng_state()}, f)
     return {"curve": curve, "epochs_done": done, "complete": done >= epochs, "train_seconds": seconds,
             "seconds_per_epoch": seconds / done if done else None}
