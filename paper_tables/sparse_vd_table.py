@@ -17,6 +17,8 @@ LeNet-300-100 (a 64-300-100-10 network) and resized to 28×28 for LeNet-5-Caffe.
 under ``sparse_vd_table_runs/`` keyed by their configuration, and checkpoint every epoch
 (:mod:`paper_tables.curves`): a run stopped by ``--budget-minutes`` is reported at the epoch it
 reached, with the test error and compression scored along the way, and continues when run again.
+Complete runs recorded in the output's ``sparse_vd_table.json`` are reused like cached ones (same key,
+same run), so the page can be rebuilt and continued where the caches were not kept.
 """
 
 from __future__ import annotations
@@ -153,12 +155,16 @@ def per_net(s: dict, name: str, net: str, default=None):
     return value.get(net, default) if isinstance(value, dict) else value
 
 
-def run_one(net: str, arm: str, s: dict, seed: int, runs_dir: Path | None) -> dict:
+def run_one(net: str, arm: str, s: dict, seed: int, runs_dir: Path | None, recorded: dict | None = None,
+            *, need_weights: bool = False) -> dict:
     """Train (resuming from the epoch checkpoint), prune and score one (network, arm, seed).
 
     The row is cached once its schedule is complete; a run stopped by the deadline
     (:func:`paper_tables.common.set_deadline`) is scored at the epoch it reached (``complete`` false)
-    and continues from there when run again.
+    and continues from there when run again. ``recorded`` (``{key: row}``, :func:`recorded_runs`) holds the
+    complete runs of a written table: a run with the same key is the same run and is not trained again.
+    ``need_weights``: the caller starts from this (original) network's weights, so a cached or recorded row
+    whose weights file is gone is trained again.
     """
     import mcgraph.nn as mnn
 
@@ -184,19 +190,23 @@ def run_one(net: str, arm: str, s: dict, seed: int, runs_dir: Path | None) -> di
         cfg["adam_eps_summed_loss"] = s["adam_eps_summed_loss"]
     key = config_key(cfg)
     stem = None if runs_dir is None else runs_dir / f"{net}-{arm}-seed{seed}{s.get('tag', '')}"
-    cached = cached_row(None if stem is None else stem.with_suffix(".json"), key)
-    if cached is not None:
-        return cached
+    weights = None if runs_dir is None else runs_dir / f"{net}-original-seed{seed}-{key}.pt"
+    if not (need_weights and (weights is None or not weights.is_file())):
+        cached = cached_row(None if stem is None else stem.with_suffix(".json"), key)
+        if cached is not None:
+            return cached
+        if (recorded or {}).get(key, {}).get("complete"):
+            return dict(recorded[key], cached=True)
     ds = load(s["dataset"], seed, 28 if net == "lenet5_caffe" else None, s.get("preprocess", "standardise"))
     model = network(net, ds, seed)
     row = {"key": key, **cfg, "train_examples": int(ds.x_train.shape[0]), "test_examples": int(ds.x_test.shape[0]),
            "cached": False}
     if runs_dir is None and bayesian and init == "original":
         raise ValueError("runs_dir: the Bayesian arms start from the original network's weights, kept in runs_dir")
-    weights = None if runs_dir is None else runs_dir / f"{net}-original-seed{seed}-{key}.pt"
     posterior = "sparse_vd"
     if bayesian and init == "original":  # θ starts at the trained original network's weights, log σ² at −10
-        original = run_one(net, "original", {k: v for k, v in s.items() if k != "tag"}, seed, runs_dir)  # cached
+        original = run_one(net, "original", {k: v for k, v in s.items() if k != "tag"}, seed, runs_dir, recorded,
+                           need_weights=True)
         if not original["complete"]:  # stopped by the deadline: this arm has not started
             return row | {"complete": False, "epochs_done": 0, "curve": [], "seconds_per_epoch": None}
         weights = runs_dir / f"{net}-original-seed{seed}-{original['key']}.pt"
@@ -250,12 +260,13 @@ def run(out_dir, quick: bool = False, seed: int = 0) -> dict:
     result = TargetResult(NAME, TITLE, quick, seed, params=s, paper=PAPER)
     runs_dir = Path(out_dir) / f"{NAME}_runs" / ("quick" if quick else "full")
     seeds = [seed + i for i in range(s["seeds"])]
+    recorded = recorded_runs(out_dir, quick)
     runs = []
     with timed(result):
         for net in s["nets"]:
             for sd in seeds[:s.get("net_seeds", {}).get(net, len(seeds))]:
                 for arm in s["arms"]:
-                    r = run_one(net, arm, s, sd, runs_dir)
+                    r = run_one(net, arm, s, sd, runs_dir, recorded)
                     runs.append(r)
                     if "error" not in r:
                         log(f"{LABELS[net]} {LABELS[arm]} seed {sd}: not started (its original network is unfinished)")
@@ -266,6 +277,18 @@ def run(out_dir, quick: bool = False, seed: int = 0) -> dict:
     result.seeds = seeds
     result.rows = {"runs": runs}
     return report(out_dir, result)
+
+
+def recorded_runs(out_dir, quick: bool) -> dict:
+    """``{key: row}`` of the complete runs recorded in ``out_dir``'s ``sparse_vd_table.json`` at the same scale:
+    the training caches under ``sparse_vd_table_runs/`` need not have been kept (they are not versioned)."""
+    try:
+        old = load_result(out_dir, NAME)
+    except (OSError, ValueError, TypeError):
+        return {}
+    if old.quick != quick:
+        return {}
+    return {r["key"]: r for r in old.rows.get("runs", []) if r.get("complete") and "key" in r}
 
 
 def rerender(out_dir) -> dict:

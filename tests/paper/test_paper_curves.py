@@ -175,3 +175,34 @@ def test_a_curve_key_depends_on_its_own_arm_and_the_shared_settings_only():
     other = sched | {"vogn": sched["vogn"] | {"lr": 1e-3}}
     assert vogn_table._curve_key(other, "vogn", 0) != vogn_table._curve_key(sched, "vogn", 0)
     assert vogn_table._curve_key(other, "ivon", 0) == vogn_table._curve_key(sched, "ivon", 0)
+
+
+def test_sparse_vd_recorded_runs_are_reused_and_a_missing_start_is_trained_again(tmp_path, one_thread):
+    """A complete run recorded in a written table (the caches gone) is returned without training; a recorded
+    original network whose weights file is gone is trained again when a Bayesian arm needs it as its start."""
+    s = _settings(epochs=3, pretrain=2)
+    first = sparse_vd_table.run_one("lenet300_100", "sparse_vd", s, 0, tmp_path / "first")
+    original = sparse_vd_table.run_one("lenet300_100", "original", s, 0, tmp_path / "first")
+    assert first["complete"] and original["complete"] and original["cached"]
+    recorded = {r["key"]: dict(r, cached=False) for r in (first, original)}
+
+    empty = tmp_path / "empty"
+    reused = sparse_vd_table.run_one("lenet300_100", "sparse_vd", s, 0, empty, recorded)
+    assert reused["cached"] and reused["error"] == first["error"] and reused["curve"] == first["curve"]
+    assert not empty.exists()  # nothing was trained, nothing written
+
+    only_original = {original["key"]: recorded[original["key"]]}
+    again = sparse_vd_table.run_one("lenet300_100", "sparse_vd", s, 0, empty, only_original)
+    assert again["complete"] and not again["cached"]
+    assert (empty / f"lenet300_100-original-seed0-{original['key']}.pt").is_file()  # its start was retrained
+    assert _strip_times(again["curve"]) == _strip_times(first["curve"]) and again["error"] == first["error"]
+
+
+def test_sparse_vd_recorded_runs_read_complete_rows_of_the_same_scale(tmp_path):
+    rows = [{"key": "a", "complete": True, "error": 0.1}, {"key": "b", "complete": False, "error": 0.2},
+            {"complete": True}]
+    result = common.TargetResult(sparse_vd_table.NAME, sparse_vd_table.TITLE, True, 0, rows={"runs": rows})
+    common.write_target(tmp_path, result, None)
+    assert sparse_vd_table.recorded_runs(tmp_path, True) == {"a": rows[0]}
+    assert sparse_vd_table.recorded_runs(tmp_path, False) == {}  # another scale
+    assert sparse_vd_table.recorded_runs(tmp_path / "none", True) == {}
