@@ -361,6 +361,29 @@ def cached_row(cache, key: str) -> dict | None:
     return None
 
 
+def recorded_runs(out_dir, target: str, quick: bool, scored, blocks=("runs",)) -> dict:
+    """``{key: row}`` (marked ``cached``) of the runs recorded in ``out_dir``'s ``<target>.json`` at the same
+    scale, from its row lists ``blocks``, that ``scored(row)`` accepts. The ``<target>_runs/`` caches are not
+    versioned: a recorded run with the same key is the same run, so it is not trained again."""
+    try:
+        old = load_result(out_dir, target)
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    if old.quick != quick or not isinstance(old.rows, dict):
+        return {}
+    rows = [r for block in blocks for r in old.rows.get(block, [])]
+    return {r["key"]: r | {"cached": True} for r in rows if "key" in r and scored(r)}
+
+
+def reusing(recorded: dict, run_arm, key_of):
+    """``run_arm(arm, s, seed, runs_dir)`` that returns the recorded row (:func:`recorded_runs`) when one has
+    the run's key ``key_of(arm, s, seed)``, and trains otherwise."""
+    def run_or_reuse(arm, s, seed, runs_dir):
+        row = recorded.get(key_of(arm, s, seed))
+        return dict(row) if row is not None else run_arm(arm, s, seed, runs_dir)
+    return run_or_reuse
+
+
 def paired(rs: list, base: list, scores=("accuracy", "nll", "ece")) -> dict | None:
     """Per-seed differences ``arm − base`` of the test ``scores`` (``r["test"]``) on the seeds both rows lists
     have: ``{score: (mean, sample sd, pairs)}``; ``None`` when no seed is shared."""

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from . import sequence_table, vogn_table as vt
 from .common import (TargetResult, bar_grid, cached_row, config_key, environment, fmt_mean_sd, load_result, md_table,
-                     predictive_probs, run_arms, timed, write_cache, write_target)
+                     predictive_probs, recorded_runs, reusing, run_arms, timed, write_cache, write_target)
 
 NAME = "ivon_table"
 TITLE = "IVON vs Adam, ivon-opt, VOGN, BBB and MC dropout — accuracy, NLL, ECE, AUROC, time per step"
@@ -368,27 +368,6 @@ def _scored(runs: list) -> list:
     return [a for a in ARMS if any(r["arm"] == a and "test" in r for r in runs)]
 
 
-def _recorded(out_dir, quick: bool) -> dict:
-    """``{key: row}`` of the scored runs recorded in ``out_dir``'s ``ivon_table.json`` at the same scale (the
-    training caches need not have been kept: a recorded run with the same key is the same run)."""
-    try:
-        old = load_result(out_dir, NAME)
-    except (OSError, ValueError, KeyError):
-        return {}
-    if old.quick != quick:
-        return {}
-    rows = old.rows.get("runs", []) + old.rows.get("lstm_runs", [])
-    return {r["key"]: r | {"cached": True} for r in rows if "test" in r and "key" in r}
-
-
-def _reusing(recorded: dict, run_one, key_of):
-    """``run_one`` that returns the recorded row when one has the run's key."""
-    def run_or_reuse(arm, s, seed, runs_dir):
-        row = recorded.get(key_of(arm, s, seed))
-        return dict(row) if row is not None else run_one(arm, s, seed, runs_dir)
-    return run_or_reuse
-
-
 def _main_key(arm: str, s: dict, seed: int) -> str:
     return _ivon_key(s, arm, seed) if arm in ("ivon", "ivon_opt") else vt.run_key(s, arm, seed)
 
@@ -399,11 +378,11 @@ def run(out_dir, quick: bool = False, seed: int = 0) -> dict:
     s = _settings(quick)
     result = TargetResult(NAME, TITLE, quick, seed, params=s, paper=PAPER)
     runs_dir = Path(out_dir) / f"{NAME}_runs" / ("quick" if quick else "full")
-    recorded = _recorded(out_dir, quick)
-    runs = run_arms(result, s, seed, ARMS, LABELS, _reusing(recorded, run_arm, _main_key), runs_dir)
+    recorded = recorded_runs(out_dir, NAME, quick, lambda r: "test" in r, blocks=("runs", "lstm_runs"))
+    runs = run_arms(result, s, seed, ARMS, LABELS, reusing(recorded, run_arm, _main_key), runs_dir)
     wall = result.wall_s
     lstm_runs = run_arms(result, s, seed, ARMS, {a: f"LSTM: {LABELS[a]}" for a in ARMS},
-                         _reusing(recorded, run_lstm_arm, lambda a, s_, sd: _lstm_key(s_["lstm"], a, sd)), runs_dir)
+                         reusing(recorded, run_lstm_arm, lambda a, s_, sd: _lstm_key(s_["lstm"], a, sd)), runs_dir)
     wall += result.wall_s
     with timed(result):
         times = step_times(s, seed, arms=_scored(runs)) if _scored(runs) else None

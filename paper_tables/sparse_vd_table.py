@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from mcgraph.apps import atomic_io
-from .common import TargetResult, cached_row, config_key, load_result, log, md_table, timed, write_cache, write_target
+from .common import (TargetResult, cached_row, config_key, load_result, log, md_table, recorded_runs, timed,
+                     write_cache, write_target)
 
 NAME = "sparse_vd_table"
 TITLE = "Seed 001: LeNet-300-100 and LeNet-5-Caffe — error, per-layer sparsity and compression of Sparse VD and ARD"
@@ -161,8 +162,9 @@ def run_one(net: str, arm: str, s: dict, seed: int, runs_dir: Path | None, recor
 
     The row is cached once its schedule is complete; a run stopped by the deadline
     (:func:`paper_tables.common.set_deadline`) is scored at the epoch it reached (``complete`` false)
-    and continues from there when run again. ``recorded`` (``{key: row}``, :func:`recorded_runs`) holds the
-    complete runs of a written table: a run with the same key is the same run and is not trained again.
+    and continues from there when run again. ``recorded`` (``{key: row}``) holds the
+    complete runs of a written table (:func:`paper_tables.common.recorded_runs`): a run with the same key
+    is the same run and is not trained again.
     ``need_weights``: the caller starts from this (original) network's weights, so a cached or recorded row
     whose weights file is gone is trained again.
     """
@@ -195,7 +197,7 @@ def run_one(net: str, arm: str, s: dict, seed: int, runs_dir: Path | None, recor
         cached = cached_row(None if stem is None else stem.with_suffix(".json"), key)
         if cached is not None:
             return cached
-        if (recorded or {}).get(key, {}).get("complete"):
+        if key in (recorded or {}):
             return dict(recorded[key], cached=True)
     ds = load(s["dataset"], seed, 28 if net == "lenet5_caffe" else None, s.get("preprocess", "standardise"))
     model = network(net, ds, seed)
@@ -260,7 +262,7 @@ def run(out_dir, quick: bool = False, seed: int = 0) -> dict:
     result = TargetResult(NAME, TITLE, quick, seed, params=s, paper=PAPER)
     runs_dir = Path(out_dir) / f"{NAME}_runs" / ("quick" if quick else "full")
     seeds = [seed + i for i in range(s["seeds"])]
-    recorded = recorded_runs(out_dir, quick)
+    recorded = recorded_runs(out_dir, NAME, quick, lambda r: r.get("complete", False))
     runs = []
     with timed(result):
         for net in s["nets"]:
@@ -277,18 +279,6 @@ def run(out_dir, quick: bool = False, seed: int = 0) -> dict:
     result.seeds = seeds
     result.rows = {"runs": runs}
     return report(out_dir, result)
-
-
-def recorded_runs(out_dir, quick: bool) -> dict:
-    """``{key: row}`` of the complete runs recorded in ``out_dir``'s ``sparse_vd_table.json`` at the same scale:
-    the training caches under ``sparse_vd_table_runs/`` need not have been kept (they are not versioned)."""
-    try:
-        old = load_result(out_dir, NAME)
-    except (OSError, ValueError, TypeError):
-        return {}
-    if old.quick != quick:
-        return {}
-    return {r["key"]: r for r in old.rows.get("runs", []) if r.get("complete") and "key" in r}
 
 
 def rerender(out_dir) -> dict:

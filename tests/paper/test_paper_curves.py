@@ -198,11 +198,13 @@ def test_sparse_vd_recorded_runs_are_reused_and_a_missing_start_is_trained_again
     assert _strip_times(again["curve"]) == _strip_times(first["curve"]) and again["error"] == first["error"]
 
 
-def test_sparse_vd_recorded_runs_read_complete_rows_of_the_same_scale(tmp_path):
+def test_recorded_runs_are_the_accepted_rows_of_the_same_scale(tmp_path):
     rows = [{"key": "a", "complete": True, "error": 0.1}, {"key": "b", "complete": False, "error": 0.2},
             {"complete": True}]
-    result = common.TargetResult(sparse_vd_table.NAME, sparse_vd_table.TITLE, True, 0, rows={"runs": rows})
+    result = common.TargetResult("t", "a table", True, 0, rows={"runs": rows, "more": [{"key": "c", "complete": True}]})
     common.write_target(tmp_path, result, None)
-    assert sparse_vd_table.recorded_runs(tmp_path, True) == {"a": rows[0]}
-    assert sparse_vd_table.recorded_runs(tmp_path, False) == {}  # another scale
-    assert sparse_vd_table.recorded_runs(tmp_path / "none", True) == {}
+    complete = lambda r: r["complete"]  # noqa: E731
+    assert common.recorded_runs(tmp_path, "t", True, complete) == {"a": rows[0] | {"cached": True}}
+    assert set(common.recorded_runs(tmp_path, "t", True, complete, blocks=("runs", "more"))) == {"a", "c"}
+    assert common.recorded_runs(tmp_path, "t", False, complete) == {}  # another scale
+    assert common.recorded_runs(tmp_path / "none", "t", True, complete) == {}

@@ -96,3 +96,25 @@ def test_the_page_says_which_runs_stopped_early(tmp_path, monkeypatch, one_threa
     page = (tmp_path / "sequence_table.md").read_text()
     assert "reduced: 4 of 4 runs stopped by the budget" in page
     assert "| 1 of 2 |" in page and "| 0 of 2 |" in page  # the first arm trained one epoch, the others none
+
+
+def test_complete_runs_recorded_in_the_json_are_reused_without_their_caches(tmp_path, monkeypatch, one_thread):
+    import shutil
+
+    s = _settings(epochs=2)
+    s["seeds"] = 1
+    monkeypatch.setattr(sequence_table, "_settings", lambda quick: s)
+    checks = []
+    monkeypatch.setattr(curves, "out_of_time", lambda: checks.append(1) or len(checks) > 2)  # the first arm ends
+    first = sequence_table.run(tmp_path, quick=True, seed=0)["rows"]["runs"]
+    complete = [r["arm"] for r in first if r.get("complete")]
+    assert complete == [first[0]["arm"]] and len(first) > 1
+    shutil.rmtree(tmp_path / "sequence_table_runs")  # the training caches are gone, the JSON is not
+
+    trained = []
+    monkeypatch.setattr(sequence_table, "run_arm", lambda arm, s_, seed, runs_dir: trained.append(arm) or
+                        {"key": "-", "dataset": "digits", "seed": seed, "epochs": 2, "seconds_per_epoch": None,
+                         "missing": "digits: not trained in this test"})
+    again = sequence_table.run(tmp_path, quick=True, seed=0)["rows"]["runs"]
+    assert trained == [r["arm"] for r in first[1:]]  # the stopped runs train again, the complete one does not
+    assert again[0]["cached"] and again[0]["test"] == first[0]["test"] and again[0]["curve"] == first[0]["curve"]
