@@ -84,14 +84,19 @@ def test_a_run_stopped_by_the_deadline_resumes_to_the_uninterrupted_result(arm, 
     assert ("kl_per_example" in whole) == (arm == "bayes_lstm")
 
 
-def test_the_page_says_which_runs_stopped_early(tmp_path, monkeypatch, one_thread):
-    from paper_tables.__main__ import main
-
+def _one_seed_stopped_after(monkeypatch, epochs_in_all: int) -> None:
+    """The quick table at one seed and 2 epochs per run, its deadline passing after ``epochs_in_all`` epochs."""
     s = _settings(epochs=2)
     s["seeds"] = 1
     monkeypatch.setattr(sequence_table, "_settings", lambda quick: s)
     checks = []
-    monkeypatch.setattr(curves, "out_of_time", lambda: checks.append(1) or len(checks) > 1)  # one epoch in all
+    monkeypatch.setattr(curves, "out_of_time", lambda: checks.append(1) or len(checks) > epochs_in_all)
+
+
+def test_the_page_says_which_runs_stopped_early(tmp_path, monkeypatch, one_thread):
+    from paper_tables.__main__ import main
+
+    _one_seed_stopped_after(monkeypatch, epochs_in_all=1)
     assert main(["sequence_table", "--quick", "--out", str(tmp_path)]) == 0
     page = (tmp_path / "sequence_table.md").read_text()
     assert "reduced: 4 of 4 runs stopped by the budget" in page
@@ -101,11 +106,7 @@ def test_the_page_says_which_runs_stopped_early(tmp_path, monkeypatch, one_threa
 def test_complete_runs_recorded_in_the_json_are_reused_without_their_caches(tmp_path, monkeypatch, one_thread):
     import shutil
 
-    s = _settings(epochs=2)
-    s["seeds"] = 1
-    monkeypatch.setattr(sequence_table, "_settings", lambda quick: s)
-    checks = []
-    monkeypatch.setattr(curves, "out_of_time", lambda: checks.append(1) or len(checks) > 2)  # the first arm ends
+    _one_seed_stopped_after(monkeypatch, epochs_in_all=2)  # the first arm ends, the others do not start
     first = sequence_table.run(tmp_path, quick=True, seed=0)["rows"]["runs"]
     complete = [r["arm"] for r in first if r.get("complete")]
     assert complete == [first[0]["arm"]] and len(first) > 1
